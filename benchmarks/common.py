@@ -1,0 +1,104 @@
+"""Shared benchmark plumbing: machine notes, medians, tables, JSON and PNG output."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+THREADS = 2
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr so stdout keeps only the tables."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def machine_notes(gguf_path: Path | None = None) -> dict[str, Any]:
+    """Date, CPU, threads, load, package versions and the GGUF hash, recorded with every result."""
+    notes: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": _cpu_model(),
+        "num_cpus": os.cpu_count(),
+        "threads": THREADS,
+        "load_avg_before": os.getloadavg()[0],
+        "versions": {p: _version(p) for p in ("torch", "llama-cpp-python", "openvino-genai",
+                                              "transformers", "radixgate")},
+    }
+    if gguf_path is not None:
+        notes["gguf"] = {"file": gguf_path.name, "sha256": file_sha256(gguf_path)}
+    return notes
+
+
+def finish_notes(notes: dict[str, Any]) -> None:
+    notes["load_avg_after"] = os.getloadavg()[0]
+    notes["loaded"] = max(notes["load_avg_before"], notes["load_avg_after"]) > THREADS + 0.5
+
+
+def median_of(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+        return "-" if value is None else str(value)
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+              for i, h in enumerate(headers)]
+    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    sep = "-+-".join("-" * w for w in widths)
+    body = [" | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join([line, sep, *body])
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    log(f"wrote {path}")
+
+
+def plot_path(json_path: Path) -> Path:
+    return json_path.with_suffix(".png")

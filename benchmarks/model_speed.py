@@ -1,0 +1,167 @@
+"""Prefill and decode speed of the engine on the embedded GGUF, fp32 and bf16, with peers.
+
+    python -m benchmarks.model_speed --json bench-results/model_speed.json [--quick]
+
+Prefill: cold TTFT of one prompt of 512 / 2048 / 8000 tokens (prefix cache off), as tokens/s.
+Decode: batch-1 greedy tokens/s after a short prompt, EOS ignored. Every engine runs in this one
+process, in turns, on the same token ids and thread count; medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import (
+    THREADS,
+    finish_notes,
+    format_table,
+    log,
+    machine_notes,
+    median_of,
+    plot_path,
+    write_json,
+)
+from engine.engine import Engine, EngineConfig
+from engine.models.loader import load_model
+from engine.protocol import Extend, Finished
+from engine.sampling_params import SamplingParams
+
+PREFILL_LENS = (512, 2048, 8000)
+DECODE_TOKENS = 64
+
+
+def corpus_ids(tokenizer: Any, num_tokens: int) -> list[int]:
+    """Deterministic real text: standard-library sources, tokenised and cut to length."""
+    import collections
+    import difflib
+    import textwrap
+
+    text = "".join(inspect.getsource(m) for m in (json, difflib, textwrap, collections))
+    ids: list[int] = tokenizer.encode(text)
+    assert len(ids) >= num_tokens, "corpus too short"
+    return ids[:num_tokens]
+
+
+def engine_ttft(engine: Engine, ids: list[int], max_tokens: int) -> Finished:
+    engine.submit(Extend(uuid.uuid4().hex, "bench", None, ids,
+                         SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+    finished = [m for m in engine.run_until_idle() if isinstance(m, Finished)]
+    return finished[0]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(THREADS)
+    repeats = 1 if args.quick else args.repeats
+    lens = (512, 2048) if args.quick else PREFILL_LENS
+    engines: dict[str, Any] = {}
+    for dtype in ("fp32", "bf16"):
+        loaded = load_model(None, dtype)
+        engines[f"radixgate-{dtype}"] = Engine(loaded, EngineConfig(
+            enable_prefix_cache=False, kv_memory_bytes=1 << 30, max_batch_tokens=2048))
+    tokenizer = loaded.tokenizer
+    notes = machine_notes(loaded.path)
+    peers = []
+    if not args.no_peers:
+        from benchmarks.peers.registry import available_peers
+
+        peers = available_peers(loaded.path, THREADS)
+    prompts = {n: corpus_ids(tokenizer, n) for n in lens}
+    decode_prompt = prompts[512][:64]
+    prefill: dict[str, dict[int, list[float]]] = {}
+    decode: dict[str, list[float]] = {}
+    names = list(engines) + [p.name for p in peers]
+    for name in names:
+        prefill[name] = {n: [] for n in lens}
+        decode[name] = []
+    # Warm-up: one discarded run per engine and shape.
+    for repeat in range(repeats + 1):
+        for n in lens:
+            for name, engine in engines.items():
+                log(f"prefill {n} tokens: {name} (repeat {repeat})")
+                f = engine_ttft(engine, prompts[n], 1)
+                if repeat:
+                    prefill[name][n].append(n / f.timings.ttft_s)
+            for peer in peers:
+                log(f"prefill {n} tokens: {peer.name} (repeat {repeat})")
+                rate = peer.prefill_tok_s(prompts[n])
+                if repeat:
+                    prefill[peer.name][n].append(rate)
+        for name, engine in engines.items():
+            log(f"decode: {name} (repeat {repeat})")
+            f = engine_ttft(engine, decode_prompt, DECODE_TOKENS)
+            if repeat:
+                decode[name].append((f.output_len - 1) / f.timings.decode_s)
+        for peer in peers:
+            log(f"decode: {peer.name} (repeat {repeat})")
+            rate = peer.decode_tok_s(decode_prompt, DECODE_TOKENS)
+            if repeat:
+                decode[peer.name].append(rate)
+    finish_notes(notes)
+    result = {
+        "notes": notes,
+        "prefill_tok_s": {name: {str(n): median_of(v) for n, v in per.items()}
+                          for name, per in prefill.items()},
+        "decode_tok_s": {name: median_of(v) for name, v in decode.items()},
+        "peers_missing": [] if peers or args.no_peers else ["llama.cpp", "openvino-genai"],
+    }
+    print_table(result, lens)
+    return result
+
+
+def print_table(result: dict[str, Any], lens: tuple[int, ...]) -> None:
+    base = "radixgate-fp32"
+    headers = ["engine", *[f"prefill@{n} tok/s" for n in lens], "decode b1 tok/s",
+               f"prefill@{lens[-1]} vs {base}", f"decode vs {base}"]
+    rows = []
+    for name, per in result["prefill_tok_s"].items():
+        pre = [per[str(n)]["median"] for n in lens]
+        dec = result["decode_tok_s"][name]["median"]
+        rows.append([name, *pre, dec,
+                     pre[-1] / result["prefill_tok_s"][base][str(lens[-1])]["median"],
+                     dec / result["decode_tok_s"][base]["median"]])
+    print(format_table(headers, rows))
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, per in result["prefill_tok_s"].items():
+        lens = [int(n) for n in per]
+        ax1.plot(lens, [per[str(n)]["median"] for n in lens], marker="o", label=name)
+    ax1.set(xlabel="prompt tokens", ylabel="prefill tokens/s", title="Cold prefill")
+    ax1.legend()
+    names = list(result["decode_tok_s"])
+    ax2.bar(names, [result["decode_tok_s"][n]["median"] for n in names])
+    ax2.set(ylabel="tokens/s", title="Batch-1 decode")
+    ax2.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=Path("bench-results/model_speed.json"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 512/2048 tokens only")
+    parser.add_argument("--no-peers", action="store_true")
+    args = parser.parse_args()
+    result = run(args)
+    write_json(args.json, result)
+    plot(result, plot_path(args.json))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Attention backends by name, imported lazily so optional ones cost nothing when unused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from engine.attention.base import PagedAttentionBackend
+
+
+def _torch() -> type[PagedAttentionBackend]:
+    from engine.attention.torch_paged import TorchPagedAttention
+
+    return TorchPagedAttention
+
+
+BACKENDS: dict[str, Callable[[], type[PagedAttentionBackend]]] = {"torch": _torch}
+
+
+def get_backend(name: str) -> type[PagedAttentionBackend]:
+    if name not in BACKENDS:
+        raise InvalidRequest(
+            f"attention backend '{name}' is unknown; choose from {sorted(BACKENDS)}")
+    return BACKENDS[name]()

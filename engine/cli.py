@@ -1,0 +1,145 @@
+"""`radixgate generate` and `radixgate engine`: the engine's own commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import torch
+
+from engine.engine import Engine, EngineConfig
+from engine.errors import EngineError
+from engine.models.loader import LoadedModel, load_model
+from engine.protocol import Extend, Failed, Finished, TokenChunk
+from engine.reference import GenerationStats, reference_stream
+from engine.sampling_params import SamplingParams
+
+MIB = 1 << 20
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file or an HF folder (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                        help="compute dtype on the CPU (fp32 is faster without AMX)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's choice)")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--kv-memory", type=int, default=1024, metavar="MIB",
+                        help="memory for the paged KV pool in MiB (default 1024)")
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--max-running", type=int, default=32)
+    parser.add_argument("--max-batch-tokens", type=int, default=1024,
+                        help="token budget per step (decodes + prefill chunks)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="disable the radix prefix cache (every request recomputes)")
+    parser.add_argument("--attention-backend", default="torch")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(page_size=args.page_size, kv_memory_bytes=args.kv_memory * MIB,
+                        max_running=args.max_running, max_batch_tokens=args.max_batch_tokens,
+                        enable_prefix_cache=not args.no_prefix_cache,
+                        attention_backend=args.attention_backend)
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as one user message with the model's chat template")
+    p.add_argument("--reference", action="store_true",
+                   help="use the dense reference forward instead of the paged engine")
+    add_engine_args(p)
+    p.set_defaults(func=generate_main)
+
+    e = sub.add_parser("engine", help="run an engine worker process (ZeroMQ)")
+    e.add_argument("--host", default="127.0.0.1")
+    e.add_argument("--port", type=int, default=5557)
+    add_engine_args(e)
+    e.set_defaults(func=engine_main)
+
+
+def _load(args: argparse.Namespace) -> LoadedModel:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load_model(args.model, args.dtype)
+
+
+def _engine_tokens(engine: Engine, prompt_ids: list[int], params: SamplingParams,
+                   stats: GenerationStats) -> Iterator[str]:
+    engine.submit(Extend(uuid.uuid4().hex, "cli", None, prompt_ids, params))
+    started = time.perf_counter()
+    while engine.has_work:
+        for message in engine.step():
+            if isinstance(message, TokenChunk):
+                yield message.text
+            elif isinstance(message, Finished):
+                stats.prompt_len, stats.output_len = message.prompt_len, message.output_len
+                stats.prefill_s = message.timings.ttft_s
+                stats.decode_s = message.timings.decode_s
+                stats.finish_reason = message.finish_reason
+            elif isinstance(message, Failed):
+                raise EngineError(message.message)
+    stats.decode_s = stats.decode_s or time.perf_counter() - started
+
+
+def generate_main(args: argparse.Namespace) -> int:
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        loaded = _load(args)
+        tok = loaded.tokenizer
+        if args.chat and tok.chat_template is None:
+            raise EngineError("this model has no chat template; drop --chat")
+        text = (tok.chat_template.render([{"role": "user", "content": args.prompt}],
+                                         add_generation_prompt=True)
+                if args.chat and tok.chat_template is not None else args.prompt)
+        prompt_ids = tok.encode(text)
+        stats = GenerationStats()
+        if args.reference:
+            decoder = tok.stream_decoder()
+            pieces: Iterator[str] = (decoder.feed(t) for t in reference_stream(
+                loaded.model, prompt_ids, params, eos_token_ids=tok.stop_token_ids, stats=stats))
+        else:
+            engine = Engine(loaded, engine_config_from_args(args))
+            pieces = _engine_tokens(engine, prompt_ids, params, stats)
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except EngineError as exc:
+        print(f"radixgate: error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write("\n")
+    print(
+        f"radixgate: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s "
+        f"({stats.prompt_len / max(stats.prefill_s, 1e-9):.0f} tok/s), "
+        f"{stats.output_len} tokens at {stats.decode_tok_s:.1f} tok/s decode, "
+        f"finish: {stats.finish_reason}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def engine_main(args: argparse.Namespace) -> int:
+    from engine.server import serve_engine
+
+    try:
+        loaded = _load(args)
+        engine = Engine(loaded, engine_config_from_args(args))
+    except EngineError as exc:
+        print(f"radixgate engine: error: {exc}", file=sys.stderr)
+        return 2
+    serve_engine(engine, args.host, args.port)
+    return 0

@@ -1,0 +1,168 @@
+"""Async client of an engine: the same interface over a ZeroMQ worker or an in-process thread.
+
+    async for msg in client.extend(Extend(...)):   # TokenChunk..., then Finished or Failed
+        ...
+
+Leaving the loop early (client disconnect, cancellation) aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
+
+import zmq
+import zmq.asyncio
+
+from engine.errors import EngineShutdown
+from engine.protocol import (
+    Abort,
+    Extend,
+    Failed,
+    Finished,
+    Message,
+    Pin,
+    Stats,
+    StatsRequest,
+    TokenChunk,
+    Unpin,
+    decode,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.worker import EngineThread
+
+
+class _Transport(Protocol):
+    async def send(self, message: Message) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class EngineClient:
+    """Routes engine replies to per-request queues. Use `connect` or `in_process` to build one."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, asyncio.Queue[Message]] = {}
+        self._transport: _Transport | None = None
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, address: str) -> EngineClient:
+        """A client of the worker at `address` (e.g. "tcp://127.0.0.1:5557")."""
+        client = cls()
+        client._transport = _ZmqTransport(address, client._dispatch)
+        return client
+
+    @classmethod
+    def in_process(cls, engine: Engine) -> EngineClient:
+        """A client driving `engine` in a thread of this process (must be called in a loop)."""
+        client = cls()
+        client._transport = _ThreadTransport(engine, client._dispatch,
+                                             asyncio.get_running_loop())
+        return client
+
+    async def extend(self, request: Extend) -> AsyncIterator[TokenChunk | Finished | Failed]:
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._queues[request.request_id] = queue
+        done = False
+        try:
+            await self._send(request)
+            while True:
+                message = await queue.get()
+                if isinstance(message, TokenChunk | Finished | Failed):
+                    done = isinstance(message, Finished | Failed)
+                    yield message
+                    if done:
+                        return
+        finally:
+            self._queues.pop(request.request_id, None)
+            if not done and not self._closed:
+                await self._send(Abort(request.request_id))
+
+    async def pin(self, turn_id: str, ttl_s: float) -> None:
+        await self._send(Pin(turn_id, ttl_s))
+
+    async def unpin(self, turn_id: str) -> None:
+        await self._send(Unpin(turn_id))
+
+    async def abort(self, request_id: str) -> None:
+        await self._send(Abort(request_id))
+
+    async def stats(self, timeout_s: float = 10.0) -> Stats:
+        request_id = f"stats-{uuid.uuid4().hex}"
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._queues[request_id] = queue
+        try:
+            await self._send(StatsRequest(request_id))
+            message = await asyncio.wait_for(queue.get(), timeout_s)
+        finally:
+            self._queues.pop(request_id, None)
+        assert isinstance(message, Stats), f"expected Stats, got {type(message).__name__}"
+        return message
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            await self._transport.close()
+        for request_id, queue in list(self._queues.items()):
+            queue.put_nowait(Failed(request_id, EngineShutdown.error_type, "engine client closed"))
+
+    async def _send(self, message: Message) -> None:
+        if self._closed or self._transport is None:
+            raise EngineShutdown("the engine client is closed")
+        await self._transport.send(message)
+
+    def _dispatch(self, message: Message) -> None:
+        queue = self._queues.get(getattr(message, "request_id", ""))
+        if queue is not None:
+            queue.put_nowait(message)
+
+
+class _ThreadTransport:
+    def __init__(self, engine: Engine, dispatch: _Dispatch, loop: asyncio.AbstractEventLoop
+                 ) -> None:
+        from engine.worker import EngineThread
+
+        def send(_origin: object, message: Message) -> None:
+            loop.call_soon_threadsafe(dispatch, message)
+
+        self.thread: EngineThread = EngineThread(engine, send)
+        self.thread.start()
+
+    async def send(self, message: Message) -> None:
+        self.thread.put(None, message)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.thread.stop)
+
+
+class _Dispatch(Protocol):
+    def __call__(self, message: Message) -> None: ...
+
+
+class _ZmqTransport:
+    def __init__(self, address: str, dispatch: _Dispatch) -> None:
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+        self.dispatch = dispatch
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def send(self, message: Message) -> None:
+        await self.socket.send(encode(message))
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        self.socket.close()
+        self.context.term()
+
+    async def _read(self) -> None:
+        while True:
+            data = await self.socket.recv()
+            self.dispatch(decode(data))

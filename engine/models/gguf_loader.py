@@ -1,0 +1,101 @@
+"""GGUF checkpoints: metadata, dequantised weights (via the `gguf` package), un-permuted Q/K."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+from tqdm import tqdm
+
+from engine.config import ModelConfig
+from engine.errors import UnsupportedModel
+from engine.models.llama import LayerWeights, LlamaWeights
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Scalar and string fields as Python values; large arrays (vocab, merges) are skipped."""
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.data) > 64:
+            continue
+        try:
+            meta[key] = field.contents()
+        except (ValueError, TypeError, IndexError):
+            continue
+    return meta
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's permutation of Q/K rows, which it applies so interleaved (GPT-J style)
+    rotary can be used; the forward here uses the HF "rotate half" layout."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _vocab_size(reader: GGUFReader) -> int:
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        raise UnsupportedModel("GGUF file has no tokenizer.ggml.tokens")
+    return len(field.data)
+
+
+def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True) -> tuple[
+    ModelConfig, LlamaWeights
+]:
+    """Read a Llama-family GGUF into dense `dtype` tensors on the CPU."""
+    reader = GGUFReader(str(path))
+    meta = read_metadata(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    meta["_tied"] = "output.weight" not in tensors
+    config = ModelConfig.from_gguf_metadata(meta, _vocab_size(reader))
+
+    progress = tqdm(
+        total=len(tensors), desc=f"loading {path.name}", unit="tensor", disable=not show_progress
+    )
+
+    def get(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise UnsupportedModel(f"GGUF file lacks tensor '{name}'")
+        t = tensors[name]
+        # Copy: unquantised tensors come back as read-only views of the memory-mapped file.
+        array = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
+        progress.update(1)
+        return torch.from_numpy(array).to(dtype)
+
+    def get_bias(name: str) -> torch.Tensor | None:
+        return get(name) if name in tensors else None
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        q = unpermute_qk(get(p + "attn_q.weight"), config.num_heads)
+        k = unpermute_qk(get(p + "attn_k.weight"), config.num_kv_heads)
+        v = get(p + "attn_v.weight")
+        biases = [get_bias(p + f"attn_{n}.bias") for n in "qkv"]
+        qkv_bias = torch.cat([b for b in biases if b is not None]) if all(
+            b is not None for b in biases
+        ) else None
+        layers.append(
+            LayerWeights(
+                attn_norm=get(p + "attn_norm.weight"),
+                qkv=torch.cat([q, k, v], dim=0),
+                qkv_bias=qkv_bias,
+                o=get(p + "attn_output.weight"),
+                ffn_norm=get(p + "ffn_norm.weight"),
+                gate_up=torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], dim=0),
+                down=get(p + "ffn_down.weight"),
+            )
+        )
+    embed = get("token_embd.weight")
+    norm = get("output_norm.weight")
+    lm_head = embed if config.tie_word_embeddings else get("output.weight")
+    progress.close()
+    return config, LlamaWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)

@@ -1,0 +1,109 @@
+"""Llama-family decoder over a flattened varlen batch.
+
+The forward takes every scheduled token of every sequence as one row of a `[num_tokens, hidden]`
+matrix: decode tokens and prefill chunks alike. Only attention needs to know which rows belong to
+which sequence, so attention is injected (`AttentionFn`): the dense reference attends within the
+batch, the paged backends attend over the KV pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+
+
+class AttentionFn(Protocol):
+    def __call__(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q: (N, num_heads, head_dim); k, v: (N, num_kv_heads, head_dim) of the new tokens,
+        rotary already applied. Returns (N, num_heads, head_dim). May store k/v (paged backends)."""
+        ...
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # (hidden,)
+    qkv: torch.Tensor  # (q_size + 2 * kv_size, hidden): q, k, v projections fused into one GEMM
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # (hidden, q_size)
+    ffn_norm: torch.Tensor
+    gate_up: torch.Tensor  # (2 * intermediate, hidden): gate and up fused into one GEMM
+    down: torch.Tensor  # (hidden, intermediate)
+
+
+@dataclass
+class LlamaWeights:
+    embed: torch.Tensor  # (vocab, hidden)
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor  # (vocab, hidden); the same tensor as `embed` when tied
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Statistics in fp32 whatever the compute dtype, as the reference implementations do.
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(x.dtype)
+
+
+def rotary_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape (max_positions, head_dim) in the HF "rotate half" layout."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+    pos = torch.arange(config.max_position_embeddings, dtype=torch.float64)
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (N, heads, head_dim); cos/sin: (N, 1, head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    """Weights plus the forward pass. Stateless across calls: all KV state lives in the backend."""
+
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, dtype: torch.dtype) -> None:
+        self.config = config
+        self.weights = weights
+        self.dtype = dtype
+        self.device = weights.embed.device
+        self._cos, self._sin = rotary_tables(config, dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn
+    ) -> torch.Tensor:
+        """input_ids, positions: int64 (N,). Returns final-normed hidden states (N, hidden)."""
+        cfg = self.config
+        x = F.embedding(input_ids, self.weights.embed)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin[positions].unsqueeze(1)
+        num_tokens = input_ids.shape[0]
+        for layer_idx, layer in enumerate(self.weights.layers):
+            h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = apply_rotary(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rotary(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            attn = attention(layer_idx, q, k, v)
+            x = x + F.linear(attn.reshape(num_tokens, cfg.q_size), layer.o)
+            h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return rms_norm(x, self.weights.norm, cfg.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, hidden) -> fp32 logits (M, vocab). Call it only on rows that need a next token."""
+        return F.linear(hidden, self.weights.lm_head).float()

@@ -1,0 +1,144 @@
+"""Messages between the gateway and an engine worker (msgpack over ZeroMQ).
+
+Plain frozen dataclasses: no torch, no pydantic. `encode`/`decode` turn them into msgpack bytes
+tagged with the class name. Token ids cross as lists of ints.
+
+Conversation of one request:  Extend → TokenChunk* → Finished | Failed.
+`Failed(error_type="unknown_parent")` means the engine no longer holds the parent turn's KV:
+resend with `parent_ref=None` and the full token path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import msgpack
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Extend:
+    request_id: str
+    namespace: str
+    parent_ref: str | None  # a turn id bound earlier; None: token_ids is the full sequence
+    token_ids: list[int]  # the delta after the parent's path, or the full sequence
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    bind_turn_id: str | None = None  # bind prompt + output to this turn id on finish
+    session_id: str | None = None  # the session the request belongs to (drafting context)
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    request_id: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_s: float = 0.0  # arrival to first scheduled step
+    prefill_s: float = 0.0  # first scheduled step to first token
+    decode_s: float = 0.0  # first token to finish
+    ttft_s: float = 0.0  # arrival to first token
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    output_token_ids: list[int]
+    text: str
+    prompt_len: int  # full sequence length the output continued
+    cached_len: int  # tokens whose KV came from the prefix cache
+    computed_len: int  # prompt tokens computed for this request (prompt_len - cached_len)
+    output_len: int
+    timings: Timings = field(default_factory=Timings)
+    bound_turn_id: str | None = None
+    bound_token_len: int = 0  # length of the token path bound to the turn
+    stop_token_id: int | None = None  # the stop token that ended generation, if any
+    num_drafted: int = 0
+    num_accepted: int = 0
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: str
+    error_type: str  # engine.errors.*.error_type, e.g. "unknown_parent", "request_too_long"
+    message: str
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Pin:
+    turn_id: str
+    ttl_s: float
+
+
+@dataclass(frozen=True)
+class Unpin:
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class StatsRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stats:
+    request_id: str
+    num_running: int
+    num_waiting: int
+    num_pages: int
+    num_free_pages: int
+    num_cached_pages: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_finished: int
+    model: str
+    page_size: int
+
+    @property
+    def hit_rate(self) -> float:
+        if not self.prefix_query_tokens:
+            return 0.0
+        return self.prefix_hit_tokens / self.prefix_query_tokens
+
+
+Message = Extend | TokenChunk | Finished | Failed | Abort | Pin | Unpin | StatsRequest | Stats
+MESSAGE_TYPES: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (Extend, TokenChunk, Finished, Failed, Abort, Pin, Unpin, StatsRequest, Stats)
+}
+
+
+def encode(message: Message) -> bytes:
+    body = asdict(message)
+    if isinstance(message, Extend):
+        body["sampling"] = message.sampling.to_dict()
+    body["type"] = type(message).__name__
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
+
+
+def decode(data: bytes) -> Message:
+    """Raises ValueError on an unknown or malformed message."""
+    body = msgpack.unpackb(data, raw=False)
+    if not isinstance(body, dict) or body.get("type") not in MESSAGE_TYPES:
+        raise ValueError(f"not an engine message: {str(body)[:100]}")
+    cls = MESSAGE_TYPES[body.pop("type")]
+    if cls is Extend:
+        body["sampling"] = SamplingParams.from_dict(body["sampling"])
+    if cls is Finished:
+        body["timings"] = Timings(**body["timings"])
+    names = {f.name for f in fields(cls)}
+    message: Message = cls(**{k: v for k, v in body.items() if k in names})
+    return message

@@ -1,0 +1,192 @@
+"""Continuous batching with chunked prefill over a paged KV pool and a prefix cache.
+
+Each step schedules every running decode (one token each) and then prefill chunks, oldest request
+first, until the token budget is spent. Pages are taken for exactly the tokens scheduled; when the
+pool runs dry the prefix cache is evicted first, then the newest running request is preempted
+(its pages freed; it recomputes later, reusing whatever prefix is still cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.cache.base import PrefixCache
+from engine.cache.page_pool import PagePool
+from engine.core import Phase, Request
+
+
+@dataclass(frozen=True)
+class ScheduledItem:
+    request: Request
+    start: int  # first position computed this step (== request.num_computed before the step)
+    num_tokens: int
+
+    @property
+    def needs_sample(self) -> bool:
+        return self.start + self.num_tokens == self.request.seq_len
+
+
+class Scheduler:
+    def __init__(self, cache: PrefixCache, pool: PagePool, page_size: int, *, max_running: int,
+                 max_batch_tokens: int, clock: Callable[[], float]) -> None:
+        self.cache = cache
+        self.pool = pool
+        self.page_size = page_size
+        self.max_running = max_running
+        self.max_batch_tokens = max_batch_tokens
+        self.clock = clock
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: oldest first
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # ----- public API -----
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def find(self, request_id: str) -> Request | None:
+        for req in (*self.running, *self.waiting):
+            if req.request_id == request_id:
+                return req
+        return None
+
+    def remove(self, request: Request) -> None:
+        """Take a request out of the queues and release its pages (abort or finish)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)
+        request.phase = Phase.FINISHED
+
+    def finish(self, request: Request) -> None:
+        """Cache the request's computed KV (whole pages), bind its turn, then release it."""
+        computed = request.all_ids[: request.num_computed]
+        num_full = len(computed) // self.page_size
+        inserted = self.cache.insert(request.namespace, computed[: num_full * self.page_size],
+                                     request.page_ids[:num_full])
+        if request.bind_turn_id is not None:
+            tail = request.all_ids[num_full * self.page_size :]
+            if request.stop_token_id is not None:
+                tail.append(request.stop_token_id)
+            self.cache.bind_turn(request.bind_turn_id, inserted.node, tail)
+        self.remove(request)
+
+    def schedule(self) -> list[ScheduledItem]:
+        """Pick this step's work; allocates pages for it. May preempt running requests."""
+        items: list[ScheduledItem] = []
+        budget = self.max_batch_tokens
+        # Decodes first: they cost one token each and keep streams flowing.
+        for req in sorted(self.running, key=lambda r: not r.is_decoding):
+            if req not in self.running:
+                continue  # preempted while making room for an older request
+            num_tokens = min(req.num_remaining, budget)
+            if num_tokens <= 0:
+                continue
+            if not self._reserve_or_preempt(req, req.num_computed + num_tokens, items):
+                continue
+            items.append(ScheduledItem(req, req.num_computed, num_tokens))
+            budget -= num_tokens
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            num_tokens = min(req.num_remaining, budget)
+            if not self._reserve(req, req.num_computed + num_tokens):
+                self._preempt(req)
+                break
+            items.append(ScheduledItem(req, req.num_computed, num_tokens))
+            budget -= num_tokens
+        now = self.clock()
+        for item in items:
+            if item.request.first_scheduled_s is None:
+                item.request.first_scheduled_s = now
+        return items
+
+    def check_invariants(self) -> None:
+        owned: dict[int, int] = {}
+        for req in self.running:
+            assert req.phase is Phase.RUNNING, f"{req.request_id} in running with {req.phase}"
+            need = -(-req.num_computed // self.page_size)
+            assert len(req.page_ids) >= need, f"{req.request_id} lacks pages for its KV"
+            for page_id in req.page_ids:
+                owned[page_id] = owned.get(page_id, 0) + 1
+        for req in self.waiting:
+            assert not req.page_ids and req.lock_node is None, f"waiting {req.request_id} holds KV"
+        for page_id, count in owned.items():
+            assert self.pool.ref_count(page_id) >= count, f"page {page_id} under-referenced"
+        self.pool.check_invariants()
+        self.cache.check_invariants()
+
+    # ----- internals -----
+
+    def _admit(self, req: Request) -> bool:
+        """Match the cached prefix and take references on it. False if it cannot start now."""
+        match = self.cache.match_prefix(req.namespace, req.all_ids)
+        # At least one token must run through the model to produce the next token's logits.
+        num_pages = min(len(match.page_ids), (req.seq_len - 1) // self.page_size)
+        need = -(-(req.seq_len - num_pages * self.page_size) // self.page_size)
+        if need > self.pool.num_free_pages + self.cache.num_evictable_pages:
+            return False
+        page_ids = match.page_ids[:num_pages]
+        self.pool.incref(page_ids)
+        self.cache.lock(match.node)
+        req.lock_node = match.node
+        req.page_ids = list(page_ids)
+        req.cached_len = req.num_computed = num_pages * self.page_size
+        if req.first_cached_len is None:
+            req.first_cached_len = req.cached_len
+            self.prefix_query_tokens += req.seq_len
+            self.prefix_hit_tokens += req.cached_len
+        req.phase = Phase.RUNNING
+        return True
+
+    def _reserve(self, req: Request, target_len: int) -> bool:
+        need = -(-target_len // self.page_size) - len(req.page_ids)
+        if need <= 0:
+            return True
+        short = need - self.pool.num_free_pages
+        if short > 0:
+            self.cache.evict(short)
+        if self.pool.num_free_pages < need:
+            return False
+        req.page_ids.extend(self.pool.alloc(need))
+        return True
+
+    def _reserve_or_preempt(self, req: Request, target_len: int,
+                            items: list[ScheduledItem]) -> bool:
+        scheduled = {item.request for item in items}
+        while not self._reserve(req, target_len):
+            victims = [r for r in reversed(self.running) if r is not req and r not in scheduled]
+            victim = victims[0] if victims else req
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        """Free the request's pages; it goes back to the front of the queue to recompute."""
+        self.running.remove(req)
+        self._release(req)
+        req.phase = Phase.WAITING
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        if req.page_ids:
+            self.pool.decref(req.page_ids)
+        if req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+        req.page_ids = []
+        req.lock_node = None
+        req.num_computed = 0
+        req.cached_len = 0

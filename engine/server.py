@@ -1,0 +1,51 @@
+"""`radixgate engine --port P`: an engine worker process behind a ZeroMQ ROUTER socket."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+import zmq
+
+from engine.engine import Engine
+from engine.protocol import Message, decode, encode
+from engine.worker import Origin, run_engine_loop
+
+log = logging.getLogger(__name__)
+
+
+def serve_engine(engine: Engine, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT. Each client (DEALER) is addressed by its identity frame."""
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.bind(f"tcp://{host}:{port}")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+
+    def receive(timeout_s: float) -> list[tuple[Origin, Message]]:
+        items: list[tuple[Origin, Message]] = []
+        while poller.poll(int(timeout_s * 1000) if not items else 0):
+            identity, data = socket.recv_multipart()
+            try:
+                items.append((identity, decode(data)))
+            except ValueError:
+                log.warning("dropped a malformed message from %r", identity)
+        return items
+
+    def send(origin: Origin, message: Message) -> None:
+        assert isinstance(origin, bytes)
+        socket.send_multipart([origin, encode(message)])
+
+    print(f"radixgate engine: serving {engine.loaded.name} on tcp://{host}:{port}",
+          file=sys.stderr, flush=True)
+    try:
+        run_engine_loop(engine, receive, send, stop.is_set)
+    finally:
+        socket.close()
+        context.term()

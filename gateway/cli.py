@@ -1,0 +1,28 @@
+"""The `radixgate` console script: one entry point, subcommands owned by their packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Imported here so `radixgate --help` stays fast and the SDK-only install can still run it.
+    from engine.cli import add_subcommands
+
+    parser = argparse.ArgumentParser(prog="radixgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
