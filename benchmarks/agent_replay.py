@@ -91,30 +91,36 @@ def sweep(loaded: LoadedModel, cached: Engine, uncached: Engine, peers: list[Any
     corpus = tok.encode("".join(stdlib_source(f) for f in ("difflib.py", "textwrap.py",
                                                            "json/decoder.py", "shlex.py",
                                                            "argparse.py")))
-    need = repeats * PREFIX_STRIDE + SWEEP_CONTEXTS[-1] + SWEEP_DELTA
+    need = (repeats + 1) * PREFIX_STRIDE + SWEEP_CONTEXTS[-1] + SWEEP_DELTA
     assert len(corpus) >= need, f"sweep corpus has {len(corpus)} tokens, needs {need}"
     rows = []
-    for context_len in SWEEP_CONTEXTS:
-        samples: dict[str, list[float]] = {"cached": [], "uncached": []}
-        for r in range(repeats + 1):  # the first repeat is a discarded warm-up
-            # A fresh prefix and delta each repeat (no engine needs a cache reset, which costs
-            # OpenVINO GenAI a pipeline rebuild), and the delta itself is never cached.
-            start = r * PREFIX_STRIDE
-            prefix = corpus[start : start + context_len]
-            prompt = corpus[start : start + context_len + SWEEP_DELTA]
-            ttft(cached, prefix)
-            warm = ttft(cached, prompt)
-            assert warm.cached_len >= context_len - cached.kv_pool.layout.page_size
-            cold = ttft(uncached, prompt)
-            for peer in peers:
-                peer.ttft(prefix)
-                samples.setdefault(peer.name, []).append(peer.ttft(prompt))
-            if r:
-                samples["cached"].append(warm.timings.ttft_s)
-                samples["uncached"].append(cold.timings.ttft_s)
-            else:
-                for peer in peers:
-                    samples[peer.name].clear()
+    # One discarded warm-up run at the smallest context pays every engine's first-call costs.
+    runs = [(SWEEP_CONTEXTS[0], 0, False)] + [
+        (c, r + 1, True) for c in SWEEP_CONTEXTS for r in range(repeats)]
+    samples_by_context: dict[int, dict[str, list[float]]] = {}
+    for context_len, r, timed in runs:
+        # A fresh prefix and delta each run: no engine needs a cache reset (which costs
+        # OpenVINO GenAI a pipeline rebuild), and the delta itself is never cached.
+        start = r * PREFIX_STRIDE
+        prefix = corpus[start : start + context_len]
+        prompt = corpus[start : start + context_len + SWEEP_DELTA]
+        ttft(cached, prefix)
+        warm = ttft(cached, prompt)
+        assert warm.cached_len >= context_len - cached.kv_pool.layout.page_size
+        cold = ttft(uncached, prompt)
+        peer_ttfts = {}
+        for peer in peers:
+            peer.ttft(prefix)
+            peer_ttfts[peer.name] = peer.ttft(prompt)
+        if not timed:
+            continue
+        samples = samples_by_context.setdefault(context_len, {"cached": [], "uncached": []})
+        samples["cached"].append(warm.timings.ttft_s)
+        samples["uncached"].append(cold.timings.ttft_s)
+        for name, value in peer_ttfts.items():
+            samples.setdefault(name, []).append(value)
+        if r < repeats:
+            continue
         row: dict[str, Any] = {"context_len": context_len, "delta_len": SWEEP_DELTA,
                                "ttft_cached_s": statistics.median(samples["cached"]),
                                "ttft_uncached_s": statistics.median(samples["uncached"]),

@@ -17,14 +17,21 @@ log = logging.getLogger(__name__)
 
 
 def serve_engine(engine: Engine, host: str, port: int) -> None:
-    """Serve until SIGTERM/SIGINT. Each client (DEALER) is addressed by its identity frame."""
+    """Serve until SIGTERM/SIGINT (main thread only: installs signal handlers)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"radixgate engine: serving {engine.loaded.name} on tcp://{host}:{port}",
+          file=sys.stderr, flush=True)
+    serve_engine_socket(engine, host, port, stop)
+
+
+def serve_engine_socket(engine: Engine, host: str, port: int, stop: threading.Event) -> None:
+    """Serve until `stop` is set. Each client (DEALER) is addressed by its identity frame."""
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.bind(f"tcp://{host}:{port}")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
 
@@ -42,8 +49,6 @@ def serve_engine(engine: Engine, host: str, port: int) -> None:
         assert isinstance(origin, bytes)
         socket.send_multipart([origin, encode(message)])
 
-    print(f"radixgate engine: serving {engine.loaded.name} on tcp://{host}:{port}",
-          file=sys.stderr, flush=True)
     try:
         run_engine_loop(engine, receive, send, stop.is_set)
     finally:
