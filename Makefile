@@ -8,8 +8,6 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch lies on local disk; installing it first (and pinning it in every later
 # pip call) keeps any dependency from resolving a multi-GB CUDA build.
 TORCH := torch==2.13.0
-MAX_TOKENS ?= 128
-PROMPT ?= Write a Python function that returns the square of a number.
 
 .PHONY: install lint test test-fast run bench clean
 
@@ -34,7 +32,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" --timeout=300
 
 run: install
-	$(VENV)/bin/radixgate generate --chat --max-tokens $(MAX_TOKENS) "$(PROMPT)"
+	$(VENV)/bin/radixgate serve
 
 bench: install
 	$(PIP) install -q '.[bench]' $(TORCH)

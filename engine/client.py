@@ -135,7 +135,8 @@ class _ThreadTransport:
         self.thread.start()
 
     async def send(self, message: Message) -> None:
-        self.thread.put(None, message)
+        # NOTE: the engine loop drops replies whose origin is None; any hashable non-None works.
+        self.thread.put("in-process", message)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.thread.stop)

@@ -1,0 +1,103 @@
+"""`create_app(settings)`: the gateway's FastAPI application.
+
+The lifespan opens the Redis pool and the session store, the engine client (given, or connected to
+`settings.engine_url`) and the tokenizer, and yields them as the typed `State`; handlers reach them
+through `gateway.deps`. Nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypedDict
+
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+from engine.client import EngineClient
+from engine.models.locate import resolve_model_path
+from engine.tokenizer import Tokenizer
+from gateway.auth import KeyStore
+from gateway.engine_link import EngineLink
+from gateway.errors import install_error_handlers
+from gateway.idempotency import IdempotencyStore
+from gateway.limits import RequestLimits
+from gateway.rendering import TurnRenderer
+from gateway.routes import health, sessions
+from gateway.settings import GatewaySettings
+from gateway.turns import TurnService
+from sessions import SessionStore
+
+
+class State(TypedDict):
+    settings: GatewaySettings
+    redis: Redis
+    store: SessionStore
+    keys: KeyStore
+    idempotency: IdempotencyStore
+    engine: EngineLink
+    turns: TurnService
+    model_name: str
+
+
+def create_app(settings: GatewaySettings | None = None, *,
+               engine_client: EngineClient | EngineLink | None = None,
+               redis: Redis | None = None, tokenizer: Tokenizer | None = None,
+               model_name: str | None = None) -> FastAPI:
+    """Build the app. Without `engine_client`, the lifespan connects to `settings.engine_url`
+    (required then). Without `redis`, it opens `settings.redis_url` (required then). Without
+    `tokenizer`, it loads the one of `settings.model` (the embedded model by default)."""
+    settings = settings or GatewaySettings()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+        owned_redis = redis is None
+        client = redis if redis is not None else _open_redis(settings)
+        link = await _open_engine(settings, engine_client)
+        tok = tokenizer or _load_tokenizer(settings)
+        store = SessionStore(client, key_prefix=settings.key_prefix)
+        turns = TurnService(store, link, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
+                            max_tokens_limit=settings.max_tokens_limit)
+        name = model_name or settings.model or "smollm2-135m"
+        try:
+            yield State(settings=settings, redis=client, store=store,
+                        keys=KeyStore(client, settings.auth_key_prefix),
+                        idempotency=IdempotencyStore(client, settings.key_prefix),
+                        engine=link, turns=turns, model_name=name)
+        finally:
+            if engine_client is None:
+                await link.client.close()
+            if owned_redis:
+                await client.aclose()
+
+    app = FastAPI(title="radixgate", version="0.1.0", lifespan=lifespan,
+                  generate_unique_id_function=lambda route: f"{route.tags[0]}-{route.name}"
+                  if route.tags else route.name)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(sessions.router)
+    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
+    return app
+
+
+def _open_redis(settings: GatewaySettings) -> Redis:
+    if settings.redis_url is None:
+        raise RuntimeError("RADIXGATE_REDIS_URL is not set (`radixgate serve` starts one)")
+    client: Redis = Redis.from_url(settings.redis_url, decode_responses=False)
+    return client
+
+
+async def _open_engine(settings: GatewaySettings,
+                       given: EngineClient | EngineLink | None) -> EngineLink:
+    if isinstance(given, EngineLink):
+        return given
+    if given is not None:
+        return EngineLink(given, timeout_s=settings.engine_timeout_s)
+    if settings.engine_url is None:
+        raise RuntimeError("RADIXGATE_ENGINE_URL is not set (`radixgate serve` spawns a worker)")
+    client = await EngineClient.connect(settings.engine_url)
+    return EngineLink(client, timeout_s=settings.engine_timeout_s)
+
+
+def _load_tokenizer(settings: GatewaySettings) -> Tokenizer:
+    return Tokenizer.from_model_path(resolve_model_path(settings.model))

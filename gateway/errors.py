@@ -1,0 +1,151 @@
+"""Every error the gateway answers with, mapped to HTTP in exactly one place.
+
+Body: `{"type": "error", "error": {"type": ..., "message": ...}, "request_id": ...}`. The same body
+is the `data` of an SSE `error` event when a streamed turn fails mid-way (`error_body`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import EngineError
+from sessions import errors as se
+
+
+class ApiError(Exception):
+    """An error raised by the gateway itself; `status` and `error_type` go on the wire."""
+
+    status = 400
+    error_type = "invalid_request"
+
+    def __init__(self, message: str, *, error_type: str | None = None) -> None:
+        super().__init__(message)
+        if error_type is not None:
+            self.error_type = error_type
+
+
+class InvalidRequest(ApiError):
+    status, error_type = 400, "invalid_request"
+
+
+class AuthenticationError(ApiError):
+    status, error_type = 401, "authentication_error"
+
+
+class RequestTooLarge(ApiError):
+    status, error_type = 413, "request_too_large"
+
+
+class InFlight(ApiError):
+    """An idempotent retry arrived while the first request with that key is still running."""
+
+    status, error_type = 409, "conflict"
+
+
+class EngineUnavailable(ApiError):
+    status, error_type = 503, "engine_unavailable"
+
+
+class EngineFailure(ApiError):
+    """The engine answered `Failed`; `error_type` is the engine's (e.g. request_too_long)."""
+
+    status = 500
+
+
+# Status per error type: the gateway's, the session store's and the engine's.
+_STATUS: Mapping[str, int] = {
+    se.NotFoundError.error_type: 404,
+    se.SessionNotFound.error_type: 404,
+    se.TurnNotFound.error_type: 404,
+    se.BranchNotFound.error_type: 404,
+    se.ConflictError.error_type: 409,
+    se.BranchExists.error_type: 409,
+    se.HeadMoved.error_type: 409,
+    se.VersionConflict.error_type: 412,
+    se.IdempotencyConflict.error_type: 422,
+    se.InvalidTreeOperation.error_type: 400,
+    se.StoreCorruption.error_type: 500,
+    "request_too_long": 400,
+    "invalid_request": 400,
+    "kv_cache_exhausted": 503,
+    "engine_shutdown": 503,
+    "engine_unavailable": 503,
+    "unknown_parent": 503,
+    "model_not_found": 500,
+    "unsupported_model": 500,
+}
+
+
+def status_for(exc: Exception) -> tuple[int, str]:
+    """(HTTP status, error type) of any exception; unknown ones are 500 `api_error`."""
+    if isinstance(exc, ApiError):
+        return _STATUS.get(exc.error_type, exc.status), exc.error_type
+    if isinstance(exc, se.SessionError | EngineError):
+        return _STATUS.get(exc.error_type, 500), exc.error_type
+    return 500, "api_error"
+
+
+def error_body(error_type: str, message: str, request_id: str | None) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message},
+            "request_id": request_id}
+
+
+def request_id_of(request: Request) -> str | None:
+    value = request.scope.get("state", {}).get("request_id")
+    return value if isinstance(value, str) else None
+
+
+def _respond(request: Request, status: int, error_type: str, message: str,
+             extra: Mapping[str, Any] | None = None) -> JSONResponse:
+    body = error_body(error_type, message, request_id_of(request))
+    if extra:
+        body["error"].update(extra)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _on_known(request: Request, exc: Exception) -> JSONResponse:
+    status, error_type = status_for(exc)
+    extra: dict[str, Any] = {}
+    if isinstance(exc, se.HeadMoved):
+        extra = {"current_head": exc.current_head, "version": exc.version}
+    elif isinstance(exc, se.VersionConflict):
+        extra = {"version": exc.current}
+    return _respond(request, status, error_type, str(exc), extra)
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
+    return _respond(request, 422, "validation_error", message,
+                    {"details": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")}
+                                 for e in errors[:20]]})
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _respond(request, exc.status_code, error_type, str(exc.detail))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return _respond(request, 500, "api_error", "internal error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """The one exception-handler table of the gateway."""
+    app.add_exception_handler(ApiError, _on_known)
+    app.add_exception_handler(se.SessionError, _on_known)
+    app.add_exception_handler(EngineError, _on_known)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,146 @@
+"""Native session API: `/v1/sessions` and its turns, forks and rewinds."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway.deps import (
+    ExpectedVersionDep,
+    IdempotencyDep,
+    IdempotencyKeyDep,
+    SessionStoreDep,
+    SettingsDep,
+    TenantDep,
+    TurnServiceDep,
+)
+from gateway.errors import InvalidRequest, request_id_of
+from gateway.idempotency import IdempotencyStore, request_hash
+from gateway.schemas import (
+    AppendTurnRequest,
+    BranchView,
+    CreateSessionRequest,
+    ForkRequest,
+    RewindRequest,
+    SessionCreated,
+    SessionView,
+    TurnView,
+)
+from gateway.turns import TurnEnded, TurnStarted
+from gateway.views import SSE_HEADERS, session_view, sse_stream, turn_view
+from sessions import Session, VersionConflict
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"description": "error body {type: error, error: {type, message}, request_id}"}
+    for code in (400, 401, 404, 409, 412, 413, 422, 503)
+}
+
+
+async def _once(idem: IdempotencyStore, tenant: str, key: str | None, request: Request,
+                body: Any, compute: Callable[[], Awaitable[tuple[int, Any]]]) -> JSONResponse:
+    req_hash = request_hash(request.method, request.url.path, body)
+    status, content = await idem.run(tenant, key, req_hash, compute)
+    return JSONResponse(content, status_code=status)
+
+
+def _branches(session: Session) -> dict[str, Any]:
+    view = BranchView(id=session.id, version=session.version, branches=dict(session.branches))
+    return view.model_dump(mode="json")
+
+
+@router.post("", status_code=201, response_model=SessionCreated, responses=_ERRORS)
+async def create_session(body: CreateSessionRequest, request: Request, tenant: TenantDep,
+                         store: SessionStoreDep, turns: TurnServiceDep, idem: IdempotencyDep,
+                         key: IdempotencyKeyDep = None) -> JSONResponse:
+    async def compute() -> tuple[int, Any]:
+        session = await store.create_session(
+            tenant, body.model or request.state.model_name,
+            system_token_ids=turns.renderer.system_token_ids(body.system), system=body.system,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools], metadata=body.metadata)
+        created = SessionCreated(id=session.id, branch=session.default_branch,
+                                 head_turn_id=session.head(), version=session.version)
+        return 201, created.model_dump()
+
+    return await _once(idem, tenant, key, request, body.model_dump(mode="json"), compute)
+
+
+@router.get("/{session_id}", responses=_ERRORS)
+async def get_session(session_id: str, tenant: TenantDep, store: SessionStoreDep,
+                      response: Response) -> SessionView:
+    session = await store.get_session(session_id, tenant=tenant)
+    tree = await store.get_tree(session_id, tenant=tenant)
+    response.headers["ETag"] = session.etag
+    return session_view(session, tree)
+
+
+@router.delete("/{session_id}", status_code=204, responses=_ERRORS)
+async def delete_session(session_id: str, tenant: TenantDep, store: SessionStoreDep,
+                         turns: TurnServiceDep, expected: ExpectedVersionDep) -> Response:
+    if expected is not None:
+        session = await store.get_session(session_id, tenant=tenant)
+        if session.version != expected:
+            raise VersionConflict(session_id, expected, session.version)
+    await turns.delete(tenant, session_id)
+    return Response(status_code=204)
+
+
+@router.get("/{session_id}/turns/{turn_id}", responses=_ERRORS)
+async def get_turn(session_id: str, turn_id: str, tenant: TenantDep,
+                   store: SessionStoreDep) -> TurnView:
+    return turn_view(await store.get_turn(session_id, turn_id, tenant=tenant))
+
+
+@router.post("/{session_id}/turns", response_model=TurnView, responses={
+    **_ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
+async def append_turn(session_id: str, body: AppendTurnRequest, request: Request,
+                      tenant: TenantDep, turns: TurnServiceDep, settings: SettingsDep,
+                      idem: IdempotencyDep, expected: ExpectedVersionDep,
+                      key: IdempotencyKeyDep = None) -> Response:
+    if len(body.messages) > settings.max_messages:
+        raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
+    events = turns.run_turn(tenant, session_id, body, expected_version=expected)
+    if body.generate.stream:
+        first = await anext(events)
+        assert isinstance(first, TurnStarted)
+        return StreamingResponse(sse_stream(first, events, request_id_of(request)),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def compute() -> tuple[int, Any]:
+        async for event in events:
+            if isinstance(event, TurnEnded):
+                return 200, turn_view(event.turn, event.branch).model_dump(mode="json")
+        raise AssertionError("run_turn ended without TurnEnded")
+
+    payload = {"body": body.model_dump(mode="json"), "if_match": expected}
+    return await _once(idem, tenant, key, request, payload, compute)
+
+
+@router.post("/{session_id}/fork", status_code=201, response_model=BranchView,
+             responses=_ERRORS)
+async def fork(session_id: str, body: ForkRequest, request: Request, tenant: TenantDep,
+               store: SessionStoreDep, idem: IdempotencyDep, expected: ExpectedVersionDep,
+               key: IdempotencyKeyDep = None) -> JSONResponse:
+    async def compute() -> tuple[int, Any]:
+        session = await store.fork(session_id, body.from_turn_id, body.branch, tenant=tenant,
+                                   expected_version=expected)
+        return 201, _branches(session)
+
+    payload = {"body": body.model_dump(), "if_match": expected}
+    return await _once(idem, tenant, key, request, payload, compute)
+
+
+@router.post("/{session_id}/rewind", response_model=BranchView, responses=_ERRORS)
+async def rewind(session_id: str, body: RewindRequest, request: Request, tenant: TenantDep,
+                 turns: TurnServiceDep, idem: IdempotencyDep, expected: ExpectedVersionDep,
+                 key: IdempotencyKeyDep = None) -> JSONResponse:
+    async def compute() -> tuple[int, Any]:
+        session = await turns.rewind(tenant, session_id, body.branch, body.to_turn_id,
+                                     expected_version=expected)
+        return 200, _branches(session)
+
+    payload = {"body": body.model_dump(), "if_match": expected}
+    return await _once(idem, tenant, key, request, payload, compute)

@@ -1,0 +1,49 @@
+"""Gateway settings: read once from `RADIXGATE_*` environment variables, then frozen.
+
+Build them at the edge (`create_app(settings)`, `radixgate serve`), never at import time.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway process needs. Immutable (`frozen=True`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RADIXGATE_", env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    redis_url: str | None = None  # None: `serve` starts an embedded Valkey under state_dir
+    engine_url: str | None = None  # None: `serve` spawns one engine worker
+    model: str | None = None  # a .gguf file or HF folder; None: the embedded SmolLM2-135M
+    state_dir: Path = Path.home() / ".radixgate"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    pin_ttl_s: float = Field(default=300.0, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_messages: int = Field(default=256, gt=0)
+    max_tokens_limit: int = Field(default=4096, gt=0)  # cap on generate.max_tokens
+    key_prefix: str = "rg:"
+    insecure: bool = False  # allow a non-loopback host with no API key created
+    engine_timeout_s: float = Field(default=600.0, gt=0)  # longest wait for one engine message
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when `host` only accepts local connections."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def auth_key_prefix(self) -> str:
+        """Redis key prefix of the API-key hashes."""
+        return f"{self.key_prefix}auth:"

@@ -1,0 +1,121 @@
+"""The engine worker process that `radixgate serve` owns: spawn, wait until ready, restart.
+
+The worker is `radixgate engine --port <free port>`; it dies with the gateway (PR_SET_PDEATHSIG on
+Linux). When it exits unexpectedly the supervisor starts a new one and swaps the client in the
+`EngineLink`: requests in flight fail with `engine_shutdown` (503), and the next turn re-prefills
+from the ledger (the new engine answers `unknown_parent`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from engine.client import EngineClient
+from gateway.engine_link import EngineLink
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the stale-pid sweep of `serve` cleans up instead
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EngineSupervisor:
+    """Owns one engine worker process at a time. `on_spawn(pid)` is called for each new one."""
+
+    def __init__(self, engine_args: Sequence[str], *, timeout_s: float = 600.0,
+                 ready_timeout_s: float = 300.0,
+                 on_spawn: Callable[[int], None] | None = None) -> None:
+        self.engine_args = list(engine_args)
+        self.timeout_s = timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.on_spawn = on_spawn
+        self.link: EngineLink | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> EngineLink:
+        """Spawn the worker and return once it answers a stats request.
+        Raises RuntimeError if it exits or does not answer within `ready_timeout_s`."""
+        self._process, client = await self._spawn()
+        self.link = EngineLink(client, pid=self._process.pid, timeout_s=self.timeout_s)
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self.link
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.link is not None:
+            await self.link.client.close()
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+    async def _watch(self) -> None:
+        while not self._stopping and self._process is not None:
+            code = await self._process.wait()
+            if self._stopping:
+                return
+            print(f"radixgate serve: engine worker {self._process.pid} exited ({code}); "
+                  "restarting", file=sys.stderr, flush=True)
+            process, client = await self._spawn()
+            self._process = process
+            assert self.link is not None
+            await self.link.replace(client, process.pid)
+
+    async def _spawn(self) -> tuple[asyncio.subprocess.Process, EngineClient]:
+        port = free_port()
+        argv = [sys.executable, "-m", "gateway.cli", "engine", "--port", str(port),
+                *self.engine_args]
+        process = await asyncio.create_subprocess_exec(*argv, preexec_fn=_die_with_parent)
+        if self.on_spawn is not None:
+            self.on_spawn(process.pid)
+        client = await EngineClient.connect(f"tcp://127.0.0.1:{port}")
+        try:
+            await self._wait_ready(process, client)
+        except BaseException:
+            await client.close()
+            if process.returncode is None:
+                process.kill()
+            raise
+        return process, client
+
+    async def _wait_ready(self, process: asyncio.subprocess.Process,
+                          client: EngineClient) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < self.ready_timeout_s:
+            if process.returncode is not None:
+                raise RuntimeError(f"the engine worker exited with code {process.returncode}")
+            try:
+                stats = await client.stats(timeout_s=2.0)
+            except TimeoutError:
+                print(f"radixgate serve: waiting for the engine worker "
+                      f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+                continue
+            print(f"radixgate serve: engine worker {process.pid} ready ({stats.model}, "
+                  f"{stats.num_pages} KV pages)", file=sys.stderr, flush=True)
+            return
+        raise RuntimeError(f"the engine worker did not answer in {self.ready_timeout_s:.0f} s")
