@@ -80,29 +80,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in names:
         prefill[name] = {n: [] for n in lens}
         decode[name] = []
-    # Warm-up: one discarded run per engine and shape.
-    for repeat in range(repeats + 1):
+    # Warm-up: one discarded run per engine at the smallest shape pays first-call costs.
+    for name, engine in engines.items():
+        log(f"warm-up: {name}")
+        engine_ttft(engine, prompts[lens[0]], 2)
+    for peer in peers:
+        log(f"warm-up: {peer.name}")
+        peer.prefill_tok_s(prompts[lens[0]])
+    for repeat in range(repeats):
         for n in lens:
             for name, engine in engines.items():
-                log(f"prefill {n} tokens: {name} (repeat {repeat})")
+                log(f"prefill {n} tokens: {name} (repeat {repeat + 1}/{repeats})")
                 f = engine_ttft(engine, prompts[n], 1)
-                if repeat:
-                    prefill[name][n].append(n / f.timings.ttft_s)
+                prefill[name][n].append(n / f.timings.ttft_s)
             for peer in peers:
-                log(f"prefill {n} tokens: {peer.name} (repeat {repeat})")
-                rate = peer.prefill_tok_s(prompts[n])
-                if repeat:
-                    prefill[peer.name][n].append(rate)
+                log(f"prefill {n} tokens: {peer.name} (repeat {repeat + 1}/{repeats})")
+                prefill[peer.name][n].append(peer.prefill_tok_s(prompts[n]))
         for name, engine in engines.items():
-            log(f"decode: {name} (repeat {repeat})")
+            log(f"decode: {name} (repeat {repeat + 1}/{repeats})")
             f = engine_ttft(engine, decode_prompt, DECODE_TOKENS)
-            if repeat:
-                decode[name].append((f.output_len - 1) / f.timings.decode_s)
+            decode[name].append((f.output_len - 1) / f.timings.decode_s)
         for peer in peers:
-            log(f"decode: {peer.name} (repeat {repeat})")
-            rate = peer.decode_tok_s(decode_prompt, DECODE_TOKENS)
-            if repeat:
-                decode[peer.name].append(rate)
+            log(f"decode: {peer.name} (repeat {repeat + 1}/{repeats})")
+            decode[peer.name].append(peer.decode_tok_s(decode_prompt, DECODE_TOKENS))
     finish_notes(notes)
     result = {
         "notes": notes,

@@ -17,7 +17,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from engine.protocol import Extend, Finished, TokenChunk
+from engine.protocol import Extend, Finished, Timings, TokenChunk
 from engine.sampling_params import SamplingParams
 from gateway.engine_link import EngineLink
 from gateway.errors import EngineFailure, InvalidRequest
@@ -51,6 +51,7 @@ class TextDelta:
 class TurnEnded:
     turn: Turn
     branch: str | None
+    timings: Timings | None = None  # the engine's, of the request that generated `turn`
 
 
 TurnEvent = TurnStarted | TextDelta | TurnEnded
@@ -100,7 +101,7 @@ class TurnService:
         assert finished is not None
         turn = await self._store_reply(session, tenant, target, input_turn, finished)
         await self._move_pins(target, input_turn.id)
-        yield TurnEnded(turn, target.branch)
+        yield TurnEnded(turn, target.branch, finished.timings)
 
     async def rewind(self, tenant: str, session_id: str, branch: str, to_turn_id: str, *,
                      expected_version: int | None) -> Session:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -61,8 +62,10 @@ async def sse_stream(first: TurnStarted, events: AsyncGenerator[TurnEvent, None]
                                     {"type": "text_delta", "text": event.text})
                 elif isinstance(event, TurnEnded):
                     view = turn_view(event.turn, event.branch)
+                    timings = dataclasses.asdict(event.timings) if event.timings else None
                     yield sse_frame(event_id, "turn_end",
-                                    {"type": "turn_end", "turn": view.model_dump(mode="json")})
+                                    {"type": "turn_end", "turn": view.model_dump(mode="json"),
+                                     "timings": timings})
         except Exception as exc:  # noqa: BLE001 - mid-stream errors become an `error` event
             _, error_type = status_for(exc)
             message = str(exc) if error_type != "api_error" else "internal error"

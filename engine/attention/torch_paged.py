@@ -1,4 +1,4 @@
-"""Paged attention in plain torch: gather each sequence's slots, then SDPA. The CPU backend and
+"""Paged attention in plain torch: gather each sequence's slots, then attend. The CPU backend and
 the reference the Triton kernels are tested against."""
 
 from __future__ import annotations
@@ -8,6 +8,20 @@ import torch
 from engine.attention.base import PagedBatch
 from engine.attention.dense import causal_attention
 from engine.kv_pool import KVPool
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query row that sees every key. q: (1, Hq, D); k, v: (S, Hkv, D) -> (1, Hq, D).
+
+    The query heads of each KV group are folded into one (G, D) @ (D, S) product, so grouped
+    heads never expand K/V; SDPA's CPU path is several times slower for a single query row.
+    """
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    group = q.shape[1] // num_kv_heads
+    qg = q.view(num_kv_heads, group, head_dim)
+    scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(head_dim**-0.5)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, v.transpose(0, 1)).view(1, -1, head_dim)
 
 
 class TorchPagedAttention:
@@ -34,6 +48,7 @@ class TorchPagedAttention:
         start = 0
         for slots, extend_len in zip(self.gather_slots, self.batch.extend_lens, strict=True):
             end = start + extend_len
-            outs.append(causal_attention(q[start:end], flat_k[slots], flat_v[slots]))
+            attend = decode_attention if extend_len == 1 else causal_attention
+            outs.append(attend(q[start:end], flat_k[slots], flat_v[slots]))
             start = end
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
