@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from engine.attention.triton_select import register_gpu_backends
 from engine.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ def _torch() -> type[PagedAttentionBackend]:
 
 
 BACKENDS: dict[str, Callable[[], type[PagedAttentionBackend]]] = {"torch": _torch}
+register_gpu_backends(BACKENDS)  # "triton", "flash_attn" and "auto", all imported lazily
 
 
 def get_backend(name: str) -> type[PagedAttentionBackend]:
