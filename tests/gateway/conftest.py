@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,40 +18,18 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from engine.client import EngineClient
-from engine.config import ModelConfig
 from engine.engine import Engine, EngineConfig
-from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights
 from engine.models.loader import LoadedModel
 from engine.models.locate import embedded_gguf_path
 from engine.tokenizer import Tokenizer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from tests.tiny_model import tiny_model
 
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Tokenizer:
     return Tokenizer.from_gguf(embedded_gguf_path())
-
-
-def tiny_model(tokenizer: Tokenizer, seed: int = 0) -> LoadedModel:
-    """2 layers, hidden 64, 4 heads / 2 KV heads of 16: random weights, the real vocabulary."""
-    cfg = ModelConfig(architecture="llama", num_layers=2, hidden_size=64, intermediate_size=128,
-                      num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=tokenizer.vocab_size,
-                      rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=4096,
-                      tie_word_embeddings=True)
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * 0.05
-
-    qkv_rows = cfg.q_size + 2 * cfg.kv_size
-    layers = [LayerWeights(attn_norm=torch.ones(64), qkv=rand(qkv_rows, 64), qkv_bias=None,
-                           o=rand(64, cfg.q_size), ffn_norm=torch.ones(64),
-                           gate_up=rand(256, 64), down=rand(64, 128))
-              for _ in range(cfg.num_layers)]
-    embed = rand(cfg.vocab_size, 64)
-    weights = LlamaWeights(embed=embed, layers=layers, norm=torch.ones(64), lm_head=embed)
-    return LoadedModel(Path("tiny-random"), LlamaModel(cfg, weights, torch.float32), tokenizer, 0.0)
 
 
 @pytest.fixture(scope="session")
