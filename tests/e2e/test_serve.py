@@ -95,8 +95,9 @@ def test_serve_end_to_end(state_dir: Path) -> None:
     try:
         sid = server.http.post("/v1/sessions", json={}).json()["id"]
         history: list[dict[str, str]] = []
-        for i, question in enumerate(["What is 2+2?", "And 3+3?", "Name a colour.",
-                                      "Say hello."]):
+        questions = ["What is 2+2?", "And 3+3?", "Name a colour.", "Say hello.",
+                     "Name a fruit.", "What is the capital of France?"]
+        for i, question in enumerate(questions):  # a 6-turn session
             turn = server.turn(sid, question)
             usage = turn["usage"]
             assert isinstance(usage, dict)
