@@ -65,7 +65,8 @@ def test_six_turns_reuse_the_prefix_cache(run_gateway: Callable[..., None]) -> N
                 assert usage["cached_tokens"] == 0
                 continue
             assert usage["cached_tokens"] > 0
-            assert delta <= usage["computed_tokens"] < delta + PAGE, (i, usage, delta)
+            # The parent's partial page plus its uncomputed last tokens: at most PAGE + 1.
+            assert delta <= usage["computed_tokens"] <= delta + PAGE + 1, (i, usage, delta)
 
     run_gateway(body)
 
