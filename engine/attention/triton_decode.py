@@ -13,7 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.triton_kernels import LOG2E, dot_precision, interpreter_upcast
+from engine.attention.triton_kernels import (
+    LOG2E,
+    dot_precision,
+    interpreter_upcast,
+    load_kv_block,
+)
 
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it saves
 MAX_SPLITS = 32
@@ -54,15 +59,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, part_out_ptr, part_lse
     for block_start in range(start, end, BLOCK_N):
         pos = block_start + offs_n
         mask_n = pos < end
-        page = tl.load(page_table_ptr + seq * stride_pt + pos // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + (pos % PAGE_SIZE)
-        kv_off = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_block(k_cache_ptr, v_cache_ptr, page_table_ptr, seq, stride_pt, pos,
+                             mask_n, kv_head, stride_cache_slot, stride_cache_head, offs_d,
+                             mask_d, PAGE_SIZE, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))

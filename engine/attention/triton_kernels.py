@@ -84,6 +84,24 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 @triton.jit
+def load_kv_block(k_cache_ptr, v_cache_ptr, page_table_ptr, seq, stride_pt, pos, mask_n, kv_head,
+                  stride_cache_slot, stride_cache_head, offs_d, mask_d,
+                  PAGE_SIZE: tl.constexpr, UPCAST: tl.constexpr):
+    """K and V rows (BLOCK_N, BLOCK_D) of one KV head at token positions `pos` of sequence
+    `seq`, found through its page table; masked rows and columns read as 0."""
+    page = tl.load(page_table_ptr + seq * stride_pt + pos // PAGE_SIZE, mask=mask_n, other=0)
+    slot = page.to(tl.int64) * PAGE_SIZE + (pos % PAGE_SIZE)
+    kv_off = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + offs_d[None, :]
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
 def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
                    q_start_ptr, extend_len_ptr, context_len_ptr, page_table_ptr,
                    sm_scale_log2,
@@ -122,15 +140,9 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     for start in range(0, end, BLOCK_N):
         pos = start + offs_n
         mask_n = pos < end
-        page = tl.load(page_table_ptr + seq * stride_pt + pos // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + (pos % PAGE_SIZE)
-        kv_off = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_block(k_cache_ptr, v_cache_ptr, page_table_ptr, seq, stride_pt, pos,
+                             mask_n, kv_head, stride_cache_slot, stride_cache_head, offs_d,
+                             mask_d, PAGE_SIZE, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
         visible = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
