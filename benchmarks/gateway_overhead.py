@@ -18,20 +18,17 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
 import torch
-import uvicorn
 from redis.asyncio import Redis
 
 from benchmarks.common import (
@@ -43,10 +40,8 @@ from benchmarks.common import (
     plot_path,
     write_json,
 )
-from engine.client import EngineClient
-from engine.engine import Engine, EngineConfig
 from engine.models.loader import LoadedModel, load_model
-from gateway.app import create_app
+from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
 from sessions import NewTurn, SessionStore
 
@@ -61,42 +56,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-@contextmanager
-def live_gateway(loaded: LoadedModel, settings: GatewaySettings) -> Iterator[str]:
+def live_gateway(loaded: LoadedModel, settings: GatewaySettings) -> AbstractContextManager[str]:
     """Serve the gateway on a free loopback port in a thread; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    box: dict[str, uvicorn.Server] = {}
-
-    async def serve() -> None:
-        engine = Engine(loaded, EngineConfig(kv_memory_bytes=1 << 30))
-        engine_client = EngineClient.in_process(engine)
-        assert settings.redis_url is not None
-        client = Redis.from_url(settings.redis_url)
-        app = create_app(settings, engine_client=engine_client, redis=client,
-                         tokenizer=loaded.tokenizer, model_name="smollm2-135m")
-        server = box["server"] = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            await engine_client.close()
-            await client.aclose()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not (box.get("server") and box["server"].started):
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.05)
-        yield base_url
-    finally:
-        if "server" in box:
-            box["server"].should_exit = True
-        thread.join(30)
-        sock.close()
+    return serve_local(loaded, settings, model_name="smollm2-135m", kv_memory_bytes=1 << 30)
 
 
 def streamed_turn(http: httpx.Client, sid: str, text: str, max_tokens: int) -> dict[str, Any]:

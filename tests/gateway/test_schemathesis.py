@@ -9,10 +9,6 @@ routes run past the 404 of an unknown id.
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,16 +18,13 @@ import httpx
 import pytest
 import redis
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, settings
-from redis.asyncio import Redis
 from schemathesis.checks import not_a_server_error
 
-from engine.client import EngineClient
-from engine.engine import Engine, EngineConfig
 from engine.models.loader import LoadedModel
 from engine.tokenizer import Tokenizer
 from gateway.app import create_app
+from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
 
 MAX_EXAMPLES = 25
@@ -52,42 +45,16 @@ def live(redis_url: str, tiny_loaded: LoadedModel, tokenizer: Tokenizer) -> Iter
     prefix = f"test:{uuid.uuid4().hex}:"
     settings_ = GatewaySettings(redis_url=redis_url, key_prefix=prefix,
                                 max_tokens_limit=MAX_TOKENS_LIMIT)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    box: dict[str, uvicorn.Server] = {}
-
-    async def serve() -> None:
-        engine_client = EngineClient.in_process(
-            Engine(tiny_loaded, EngineConfig(kv_memory_bytes=64 << 20)))
-        client = Redis.from_url(redis_url)
-        app = create_app(settings_, engine_client=engine_client, redis=client,
-                         tokenizer=tokenizer, model_name="tiny")
-        server = box["server"] = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            await engine_client.close()
-            await client.aclose()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not (box.get("server") and box["server"].started):
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        with httpx.Client(base_url=base_url, timeout=30) as http:
-            sid = http.post("/v1/sessions", json={"system": "Be brief."}).json()["id"]
-            turn = http.post(f"/v1/sessions/{sid}/turns", json={
-                "messages": [{"role": "user", "content": "hi"}],
-                "generate": {"max_tokens": 2}}).json()
-        yield Known(base_url, sid, turn["id"])
+        with serve_local(tiny_loaded, settings_, model_name="tiny",
+                         kv_memory_bytes=64 << 20) as base_url:
+            with httpx.Client(base_url=base_url, timeout=30) as http:
+                sid = http.post("/v1/sessions", json={"system": "Be brief."}).json()["id"]
+                turn = http.post(f"/v1/sessions/{sid}/turns", json={
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "generate": {"max_tokens": 2}}).json()
+            yield Known(base_url, sid, turn["id"])
     finally:
-        if "server" in box:
-            box["server"].should_exit = True
-        thread.join(30)
-        sock.close()
         sync = redis.Redis.from_url(redis_url)
         try:
             stale = list(sync.scan_iter(match=f"{prefix}*", count=1000))

@@ -1,0 +1,70 @@
+"""The gateway with an in-process engine in a real uvicorn on a free loopback port, in a daemon
+thread: for tests, benchmarks and SDK checks that need real HTTP without spawning processes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from redis.asyncio import Redis
+
+from engine.client import EngineClient
+from engine.engine import Engine, EngineConfig
+from engine.models.loader import LoadedModel
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+
+
+@contextmanager
+def serve_local(loaded: LoadedModel, settings: GatewaySettings, *, model_name: str,
+                kv_memory_bytes: int, start_timeout_s: float = 60.0) -> Iterator[str]:
+    """Yield the base URL once uvicorn has started; stop it and close the engine client and the
+    Redis pool on exit. `settings.redis_url` must be set. Raises RuntimeError if it won't start."""
+    if settings.redis_url is None:
+        raise ValueError("serve_local needs settings.redis_url")
+    redis_url = settings.redis_url
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    box: dict[str, uvicorn.Server] = {}
+    failure: list[BaseException] = []
+
+    async def serve() -> None:
+        engine_client = EngineClient.in_process(
+            Engine(loaded, EngineConfig(kv_memory_bytes=kv_memory_bytes)))
+        client = Redis.from_url(redis_url)
+        app = create_app(settings, engine_client=engine_client, redis=client,
+                         tokenizer=loaded.tokenizer, model_name=model_name)
+        server = box["server"] = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                                               lifespan="on"))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            await engine_client.close()
+            await client.aclose()
+
+    def main() -> None:
+        try:
+            asyncio.run(serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            failure.append(exc)
+
+    thread = threading.Thread(target=main, name="radixgate-local-gateway", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not (box.get("server") and box["server"].started):
+            if failure or not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the local gateway did not start: {failure!r}")
+            time.sleep(0.05)
+        yield base_url
+    finally:
+        if "server" in box:
+            box["server"].should_exit = True
+        thread.join(30)
+        sock.close()
