@@ -18,7 +18,14 @@ def _torch() -> type[PagedAttentionBackend]:
     return TorchPagedAttention
 
 
-BACKENDS: dict[str, Callable[[], type[PagedAttentionBackend]]] = {"torch": _torch}
+def _torch_sdpa() -> type[PagedAttentionBackend]:
+    from engine.attention.torch_paged import TorchSdpaPagedAttention
+
+    return TorchSdpaPagedAttention
+
+
+BACKENDS: dict[str, Callable[[], type[PagedAttentionBackend]]] = {
+    "torch": _torch, "torch_sdpa": _torch_sdpa}
 register_gpu_backends(BACKENDS)  # "triton", "flash_attn" and "auto", all imported lazily
 
 

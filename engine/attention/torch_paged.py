@@ -1,11 +1,13 @@
-"""Paged attention in plain torch: gather each sequence's slots, then attend. The CPU backend and
-the reference the Triton kernels are tested against."""
+"""Paged attention in torch: gather each sequence's slots, then attend. The CPU backend ("torch":
+fused flash extends) and its plain reference ("torch_sdpa": one masked SDPA per sequence), which
+the Triton kernels are also tested against."""
 
 from __future__ import annotations
 
 import torch
 
 from engine.attention.base import PagedBatch
+from engine.attention.cpu_flash import extend_attention
 from engine.attention.dense import causal_attention
 from engine.kv_pool import KVPool
 
@@ -26,6 +28,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 class TorchPagedAttention:
     name = "torch"
+    fused_extend = True
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None:
         self.pool = pool
@@ -48,7 +51,17 @@ class TorchPagedAttention:
         start = 0
         for slots, extend_len in zip(self.gather_slots, self.batch.extend_lens, strict=True):
             end = start + extend_len
-            attend = decode_attention if extend_len == 1 else causal_attention
+            if extend_len == 1:
+                attend = decode_attention
+            else:
+                attend = extend_attention if self.fused_extend else causal_attention
             outs.append(attend(q[start:end], flat_k[slots], flat_v[slots]))
             start = end
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+class TorchSdpaPagedAttention(TorchPagedAttention):
+    """The plain reference: extends run one masked SDPA over the whole context."""
+
+    name = "torch_sdpa"
+    fused_extend = False

@@ -32,8 +32,9 @@ def prompt(n: int, start: int = 100) -> list[int]:
     return [start + (7 * i) % 5000 for i in range(n)]
 
 
-def test_paged_chunked_equals_dense_reference(tiny: LoadedModel) -> None:
-    engine = make_engine(tiny)
+@pytest.mark.parametrize("backend", ["torch", "torch_sdpa"])
+def test_paged_chunked_equals_dense_reference(tiny: LoadedModel, backend: str) -> None:
+    engine = make_engine(tiny, attention_backend=backend)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     prompts = [prompt(n, s) for n, s in ((70, 100), (3, 900), (33, 2000))]
     for i, ids in enumerate(prompts):
