@@ -5,7 +5,8 @@
 Sections: kernel correctness vs the torch reference backend (relative error per dtype), decode
 bandwidth vs a device copy, extend TFLOP/s vs torch SDPA (and flash-attn if it imports), then an
 8B-shaped random-weight Llama: TTFT of a 512-token delta at 4k-64k context cached vs uncached,
-and decode tokens/s at batch 1/16/64. `--dry-run`: CPU, tiny shapes, Triton interpreter, no
+and decode tokens/s at batch 1/16/64 with CUDA graphs off (the eager step) and on (the engine's
+`StaticDecode` replay). `--dry-run`: CPU, tiny shapes, Triton interpreter, no
 timing. Writes results.json and table.txt under --out; prints the table last.
 """
 
@@ -37,6 +38,7 @@ from engine.attention.base import PagedBatch  # noqa: E402
 from engine.attention.torch_paged import TorchPagedAttention  # noqa: E402
 from engine.attention.triton_backend import TritonPagedAttention  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
+from engine.cuda_graph import StaticDecode  # noqa: E402
 from engine.kv_pool import KVLayout, KVPool  # noqa: E402
 from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights  # noqa: E402
 
@@ -192,17 +194,21 @@ def random_llama(cfg: ModelConfig, dtype: torch.dtype) -> LlamaModel:
     layers = [LayerWeights(ones, rand(cfg.q_size + 2 * cfg.kv_size, h), None,
                            rand(h, cfg.q_size), ones, rand(2 * i, h), rand(h, i))
               for _ in range(cfg.num_layers)]
-    model = LlamaModel(cfg, LlamaWeights(rand(cfg.vocab_size, h), layers, ones,
-                                         rand(cfg.vocab_size, h)), dtype)
-    model._cos, model._sin = model._cos.to(DEV), model._sin.to(DEV)
-    return model
+    return LlamaModel(cfg, LlamaWeights(rand(cfg.vocab_size, h), layers, ones,
+                                        rand(cfg.vocab_size, h)), dtype)
 
 
-def step(model: LlamaModel, pool: KVPool, batch: PagedBatch, positions: torch.Tensor) -> None:
-    ids = torch.randint(0, model.config.vocab_size, (len(positions),), device=DEV)
-    hidden = model.forward(ids, positions.to(DEV), TritonPagedAttention(pool, batch))
+def step(model: LlamaModel, pool: KVPool, batch: PagedBatch, positions: torch.Tensor,
+         graphs: StaticDecode | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """One engine step: the eager Triton backend, or the static decode path when given."""
+    if ids is None:
+        ids = torch.randint(0, model.config.vocab_size, (len(positions),), device=DEV)
+    if graphs is not None:
+        hidden = graphs.forward(ids, positions.to(DEV), batch)
+    else:
+        hidden = model.forward(ids, positions.to(DEV), TritonPagedAttention(pool, batch))
     ends = torch.tensor(batch.extend_lens, device=DEV).cumsum(0) - 1
-    model.logits(hidden[ends])
+    return model.logits(hidden[ends])
 
 
 def check_model() -> None:
@@ -232,13 +238,26 @@ def check_model() -> None:
         value = (f"cached {t_cached * 1e3:.0f} ms / uncached {t_unc * 1e3:.0f} ms "
                  f"({t_unc / t_cached:.1f}x)" if t_unc and t_cached else "dry")
         record("ttft", f"ctx={ctx}+{delta}", value, cached_s=t_cached, uncached_s=t_unc)
-    for batch_size in (1, 2, 4) if DRY else (1, 16, 64):
-        ctxs = [decode_ctx] * batch_size
-        batch = make_batch([1] * batch_size, ctxs, 16)
+    sizes = (1, 2, 4) if DRY else (1, 16, 64)
+    started = time.perf_counter()
+    graphs = StaticDecode(model, pool, sizes, capture=not DRY)  # dry: the same path, eagerly
+    log(f"decode graphs for {sizes} ready in {time.perf_counter() - started:.1f} s")
+    for batch_size in sizes:
+        batch = make_batch([1] * batch_size, [decode_ctx] * batch_size, 16)
         positions = torch.full((batch_size,), decode_ctx - 1)
+        ids = torch.randint(0, cfg.vocab_size, (batch_size,), device=DEV)
+        want = step(model, pool, batch, positions, None, ids)
+        rel = ((step(model, pool, batch, positions, graphs, ids) - want).norm()
+               / want.norm()).item()  # same ids: both write the same K/V to the same slots
+        ok = rel < 2e-2  # bf16 weights; the graphs split the context differently
         t = timed(functools.partial(step, model, pool, batch, positions))
-        value = f"{batch_size / t:.0f} tok/s ({t * 1e3:.1f} ms/step)" if t else "dry"
-        record("decode", f"B={batch_size} ctx={decode_ctx}", value, seconds=t)
+        t_on = timed(functools.partial(step, model, pool, batch, positions, graphs))
+        value = (f"graphs off {batch_size / t:.0f} / on {batch_size / t_on:.0f} tok/s "
+                 f"({t * 1e3:.1f} / {t_on * 1e3:.1f} ms/step, {t / t_on:.2f}x)"
+                 if t and t_on else "dry")
+        record("decode", f"B={batch_size} ctx={decode_ctx}",
+               f"{value}, logits rel err {rel:.1e} {'ok' if ok else 'FAIL'}", seconds=t,
+               graph_seconds=t_on, rel_err=rel, ok=ok)
 
 
 def main() -> int:
@@ -256,7 +275,8 @@ def main() -> int:
             record(section.__name__, "-", f"ERROR {type(exc).__name__}: {exc}"[:200])
         if not DRY:
             torch.cuda.empty_cache()
-    failed = failed or any(not r.get("ok", True) for r in RESULTS.get("correctness", []))
+    failed = failed or any(not r.get("ok", True) for section in ("correctness", "decode")
+                           for r in RESULTS.get(section, []))
     RESULTS["total_s"] = time.perf_counter() - START
     (OPTS.out / "results.json").write_text(json.dumps(RESULTS, indent=1))
     width = max(len(case) for _, case, _ in ROWS)

@@ -12,7 +12,7 @@ import torch
 
 from engine.engine import Engine, EngineConfig
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel, load_model
+from engine.models.loader import LoadedModel, default_dtype, load_model
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.reference import GenerationStats, reference_stream
 from engine.sampling_params import SamplingParams
@@ -23,8 +23,9 @@ MIB = 1 << 20
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="a .gguf file or an HF folder (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
-                        help="compute dtype on the CPU (fp32 is faster without AMX)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="weight and compute dtype; auto: bf16 on CUDA, fp32 on the CPU "
+                             "(faster there without AMX)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice)")
 
@@ -39,14 +40,27 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="token budget per step (decodes + prefill chunks)")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="disable the radix prefix cache (every request recomputes)")
-    parser.add_argument("--attention-backend", default="torch")
+    parser.add_argument("--attention-backend", default="auto",
+                        help="torch, torch_sdpa, triton, flash_attn or auto (default: "
+                             "flash_attn or triton on CUDA, torch on the CPU)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default), cuda or cuda:N; --reference stays on the CPU")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="run decode steps eagerly on CUDA instead of replaying CUDA graphs")
+    parser.add_argument("--spec", default="suffix", metavar="MODE",
+                        help='speculative drafting: "suffix" (from the trajectory, default), '
+                             '"draft:<model path>" (a smaller model, same tokenizer) or "none"')
+    parser.add_argument("--max-draft-len", type=int, default=8,
+                        help="most draft tokens verified per request per step")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(page_size=args.page_size, kv_memory_bytes=args.kv_memory * MIB,
                         max_running=args.max_running, max_batch_tokens=args.max_batch_tokens,
                         enable_prefix_cache=not args.no_prefix_cache,
-                        attention_backend=args.attention_backend)
+                        attention_backend=args.attention_backend, spec=args.spec,
+                        max_draft_len=args.max_draft_len, device=args.device,
+                        cuda_graphs=not args.no_cuda_graphs)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -74,7 +88,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _load(args: argparse.Namespace) -> LoadedModel:
     if args.threads:
         torch.set_num_threads(args.threads)
-    return load_model(args.model, args.dtype)
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = default_dtype(getattr(args, "device", "cpu"))
+    return load_model(args.model, dtype)
 
 
 def _engine_tokens(engine: Engine, prompt_ids: list[int], params: SamplingParams,

@@ -13,6 +13,7 @@ from engine.stopping import TextStopper
 
 if TYPE_CHECKING:
     from engine.cache.base import CacheNode
+    from engine.constrained.base import TokenGrammar
 
 
 class Phase(enum.Enum):
@@ -43,6 +44,7 @@ class Request:
     arrival_s: float
     bind_turn_id: str | None = None
     session_id: str | None = None
+    grammar: TokenGrammar | None = None  # masks each sampled token; advanced with the output
     output_ids: list[int] = field(default_factory=list)
     page_ids: list[int] = field(default_factory=list)
     cached_len: int = 0
@@ -55,6 +57,9 @@ class Request:
     finish_reason: str | None = None
     stop_token_id: int | None = None
     num_preemptions: int = 0
+    draft_ids: list[int] = field(default_factory=list)  # proposed for this step; verified after
+    num_drafted: int = 0
+    num_accepted: int = 0
 
     @property
     def all_ids(self) -> list[int]:

@@ -10,19 +10,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from engine.attention.registry import get_backend
 from engine.cache.base import PrefixCache
 from engine.cache.no_cache import NoPrefixCache
 from engine.cache.page_pool import PagePool
 from engine.cache.radix_cache import RadixCache
+from engine.constrained.base import TokenGrammar
+from engine.constrained.spec import ToolConstraint
+from engine.constrained.xgrammar_backend import XGrammarBackend, XGrammarState
 from engine.core import Request
+from engine.cuda_graph import make_static_decode
 from engine.errors import EngineError, InvalidRequest, RequestTooLong, UnknownParent
 from engine.kv_pool import KVPool, plan_kv_layout
 from engine.model_runner import ModelRunner
-from engine.models.loader import LoadedModel
+from engine.models.loader import LoadedModel, place_model
 from engine.protocol import Extend, Failed, Finished, Message, Stats, Timings, TokenChunk
-from engine.sampling import make_generator, sample_batch
+from engine.sampling import TokenChoice, make_generator, sample_batch
 from engine.scheduler.scheduler import Scheduler
+from engine.spec.factory import make_speculator
+from engine.spec.speculator import Speculator, Verified
 from engine.stopping import TextStopper
 
 
@@ -34,19 +42,23 @@ class EngineConfig:
     max_batch_tokens: int = 1024  # tokens per step: decodes plus prefill chunks
     enable_prefix_cache: bool = True
     attention_backend: str = "torch"
+    spec: str = "suffix"  # speculative drafting: "suffix" (trajectory), "draft:<gguf path>", "none"
+    max_draft_len: int = 8
     check_invariants: bool = False  # run every structure's check_invariants() after each step
+    device: str = "cpu"  # "cuda"/"cuda:N": weights (in their loaded dtype), KV pool and forward
+    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (engine.cuda_graph); CUDA only
 
 
 class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.loaded = loaded
         self.config = config or EngineConfig()
+        self.loaded = place_model(loaded, self.config.device)
         self.clock = clock
-        model = loaded.model
+        model = self.loaded.model
         layout = plan_kv_layout(model.config, self.config.kv_memory_bytes, self.config.page_size,
                                 model.dtype)
-        self.kv_pool = KVPool(model.config, layout, model.dtype)
+        self.kv_pool = KVPool(model.config, layout, model.dtype, device=model.device)
         self.page_pool = PagePool(layout.num_pages)
         self.cache: PrefixCache = (
             RadixCache(self.page_pool, layout.page_size, clock=clock)
@@ -54,8 +66,13 @@ class Engine:
         self.scheduler = Scheduler(self.cache, self.page_pool, layout.page_size,
                                    max_running=self.config.max_running,
                                    max_batch_tokens=self.config.max_batch_tokens, clock=clock)
-        self.runner = ModelRunner(model, self.kv_pool, get_backend(self.config.attention_backend))
+        backend = get_backend(self.config.attention_backend)
+        self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
+            model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
         self.num_finished = 0
+        self.speculator: Speculator | None = make_speculator(
+            self.config.spec, self.config.max_draft_len, self.loaded)
+        self._grammars: XGrammarBackend | None = None  # built by the first constrained request
 
     # ----- requests -----
 
@@ -81,19 +98,27 @@ class Engine:
 
     def step(self) -> list[Message]:
         """Run one scheduled batch. Returns the token chunks and final messages it produced."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running,
+                                    self.loaded.model.config.max_position_embeddings)
         items = self.scheduler.schedule()
         if not items:
             return []
         logits = self.runner.run(items)
-        sampled = [item.request for item in items if item.needs_sample]
+        sampled_items = [item for item in items if item.needs_sample]
         for item in items:
-            item.request.num_computed += item.num_tokens
-        choices = sample_batch(logits, [r.params for r in sampled], [r.generator for r in sampled])
+            item.request.num_computed += item.num_tokens - item.num_draft
         out: list[Message] = []
         now = self.clock()
-        for req, choice in zip(sampled, choices, strict=True):
-            out.extend(self._accept_token(req, choice.token_id, choice.logprob,
-                                          choice.top_logprobs, now))
+        if self.speculator is None or not any(item.num_draft for item in sampled_items):
+            sampled = [item.request for item in sampled_items]
+            for req, choice in zip(sampled, self._choose(logits, sampled), strict=True):
+                out.extend(self._accept_token(req, choice.token_id, choice.logprob,
+                                              choice.top_logprobs, now))
+        else:
+            for verified in self.speculator.choose(sampled_items, logits, self._choose,
+                                                   self._mask_row):
+                out.extend(self._accept_verified(verified, now))
         if self.config.check_invariants:
             self.check_invariants()
         return out
@@ -122,10 +147,14 @@ class Engine:
         return Stats(request_id, len(s.running), len(s.waiting), self.page_pool.num_pages,
                      self.page_pool.num_free_pages, self.cache.num_cached_pages,
                      s.prefix_query_tokens, s.prefix_hit_tokens, self.num_finished,
-                     self.loaded.name, self.kv_pool.layout.page_size)
+                     self.loaded.name, self.kv_pool.layout.page_size,
+                     num_drafted=self.speculator.num_drafted if self.speculator else 0,
+                     num_accepted=self.speculator.num_accepted if self.speculator else 0)
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
+        if self.speculator is not None:
+            self.speculator.check_invariants()
 
     # ----- internals -----
 
@@ -154,22 +183,69 @@ class Engine:
         stop_ids = set(extend.sampling.stop_token_ids)
         if not extend.sampling.ignore_eos:
             stop_ids.update(tok.stop_token_ids)
+        grammar = None
+        if extend.constraint is not None:
+            grammar = self._grammar_for(extend.constraint, stop_ids)
         return Request(
             request_id=extend.request_id, namespace=extend.namespace, prompt_ids=prompt,
             params=extend.sampling, stop_ids=frozenset(stop_ids),
             stopper=TextStopper(tok.stream_decoder(), extend.sampling.stop),
             generator=make_generator(extend.sampling), arrival_s=self.clock(),
-            bind_turn_id=extend.bind_turn_id, session_id=extend.session_id)
+            bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar)
+
+    def _grammar_for(self, constraint: ToolConstraint, stop_ids: set[int]) -> XGrammarState:
+        """Raises `InvalidRequest` without stop ids (the grammar needs an end) and
+        `InvalidToolSchema` for schemas the backend cannot compile."""
+        if not stop_ids:
+            raise InvalidRequest("a tool-call constraint needs a stop token (drop ignore_eos)")
+        if self._grammars is None:
+            self._grammars = XGrammarBackend(self.loaded.tokenizer,
+                                             self.loaded.model.config.vocab_size)
+        return self._grammars.new_grammar(constraint, sorted(stop_ids))
+
+    def _choose(self, logits: torch.Tensor, sampled: list[Request]) -> list[TokenChoice]:
+        """One token per row of `logits` (one row per request), grammar masks applied."""
+        if self._grammars is not None and any(r.grammar is not None for r in sampled):
+            self._grammars.mask_logits(logits, [r.grammar for r in sampled])
+        return sample_batch(logits, [r.params for r in sampled], [r.generator for r in sampled])
+
+    def _mask_row(self, row: torch.Tensor, grammar: TokenGrammar) -> None:
+        if self._grammars is not None:
+            self._grammars.mask_logits(row, [grammar])
+
+    def _accept_verified(self, verified: Verified, now: float) -> list[Message]:
+        """Emit a drafted request's tokens in order until one finishes it. The first
+        `num_accepted` are draft tokens whose KV the verify forward already wrote."""
+        req = verified.request
+        assert self.speculator is not None
+        self.speculator.record(req, verified.num_drafted, 0)
+        out: list[Message] = []
+        for i, choice in enumerate(verified.choices):
+            is_draft = i < verified.num_accepted
+            if is_draft:  # counted before a stop inside the draft can finish the request
+                self.speculator.record(req, 0, 1)
+            out.extend(self._accept_token(req, choice.token_id, choice.logprob,
+                                          choice.top_logprobs, now, kv_written=is_draft))
+            if req.finish_reason is not None:
+                break
+        return out
 
     def _accept_token(self, req: Request, token_id: int, logprob: float | None,
-                      top: list[tuple[int, float]] | None, now: float) -> list[Message]:
+                      top: list[tuple[int, float]] | None, now: float,
+                      kv_written: bool = False) -> list[Message]:
         if req.first_token_s is None:
             req.first_token_s = now
+        if req.grammar is not None:
+            # The mask allowed only grammatical tokens, so this cannot fail.
+            accepted = req.grammar.accept_token(token_id)
+            assert accepted, f"{req.request_id}: grammar rejected its own masked token {token_id}"
         if token_id in req.stop_ids:
             req.stop_token_id = token_id
             req.finish_reason = "stop"
             return self._complete(req, [], "", None, None)
         req.output_ids.append(token_id)
+        if kv_written:
+            req.num_computed += 1
         text = req.stopper.feed(token_id)
         if req.stopper.stopped:
             req.finish_reason = "stop"
@@ -194,6 +270,8 @@ class Engine:
 
     def _finished(self, req: Request) -> Finished:
         self.num_finished += 1
+        if self.speculator is not None:
+            self.speculator.finish(req)
         now = self.clock()
         first = req.first_token_s if req.first_token_s is not None else now
         scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else now
@@ -209,4 +287,5 @@ class Engine:
             timings=Timings(queue_s=scheduled - req.arrival_s, prefill_s=first - scheduled,
                             decode_s=now - first, ttft_s=first - req.arrival_s),
             bound_turn_id=req.bind_turn_id if bound_len else None, bound_token_len=bound_len,
-            stop_token_id=req.stop_token_id)
+            stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
+            num_accepted=req.num_accepted)

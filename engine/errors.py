@@ -49,3 +49,9 @@ class EngineShutdown(EngineError):
     """The engine stopped while the request was in flight."""
 
     error_type = "engine_shutdown"
+
+
+class InvalidToolSchema(InvalidRequest):
+    """A tool's arguments schema is not a JSON object schema the grammar backend can compile."""
+
+    error_type = "invalid_tool_schema"

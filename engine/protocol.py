@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from engine.constrained.spec import ToolConstraint
 from engine.sampling_params import SamplingParams
 
 
@@ -27,6 +28,7 @@ class Extend:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     bind_turn_id: str | None = None  # bind prompt + output to this turn id on finish
     session_id: str | None = None  # the session the request belongs to (drafting context)
+    constraint: ToolConstraint | None = None  # tool-call grammar; None: unconstrained
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Stats:
     num_finished: int
     model: str
     page_size: int
+    num_drafted: int = 0  # draft tokens proposed / accepted since the engine started
+    num_accepted: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -124,6 +128,7 @@ def encode(message: Message) -> bytes:
     body = asdict(message)
     if isinstance(message, Extend):
         body["sampling"] = message.sampling.to_dict()
+        body["constraint"] = message.constraint.to_dict() if message.constraint else None
     body["type"] = type(message).__name__
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return packed
@@ -137,6 +142,8 @@ def decode(data: bytes) -> Message:
     cls = MESSAGE_TYPES[body.pop("type")]
     if cls is Extend:
         body["sampling"] = SamplingParams.from_dict(body["sampling"])
+        if body.get("constraint") is not None:
+            body["constraint"] = ToolConstraint.from_dict(body["constraint"])
     if cls is Finished:
         body["timings"] = Timings(**body["timings"])
     names = {f.name for f in fields(cls)}

@@ -20,8 +20,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
     else:
         # Query i sits at key position (s_len - t_len + i) and sees keys up to it.
-        offsets = torch.arange(t_len).unsqueeze(1) + (s_len - t_len)
-        mask = torch.arange(s_len).unsqueeze(0) <= offsets
+        offsets = torch.arange(t_len, device=q.device).unsqueeze(1) + (s_len - t_len)
+        mask = torch.arange(s_len, device=q.device).unsqueeze(0) <= offsets
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
     return out.transpose(0, 1)
 

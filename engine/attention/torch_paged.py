@@ -26,20 +26,55 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return torch.bmm(probs, v.transpose(0, 1)).view(1, -1, head_dim)
 
 
+def batched_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             valid: torch.Tensor) -> torch.Tensor:
+    """B single-row queries over padded contexts. q: (B, Hq, D); k, v: (B, S, Hkv, D);
+    valid: (B, S) bool, False on padding. -> (B, Hq, D). Grouped heads fold as in
+    `decode_attention`, so the whole batch is two bmm calls instead of two per sequence."""
+    num_seqs, s_len, num_kv_heads, head_dim = k.shape
+    group = q.shape[1] // num_kv_heads
+    qg = q.view(num_seqs * num_kv_heads, group, head_dim)
+    kt = k.permute(0, 2, 3, 1).reshape(num_seqs * num_kv_heads, head_dim, s_len)
+    scores = torch.bmm(qg, kt).mul_(head_dim**-0.5).view(num_seqs, num_kv_heads, group, s_len)
+    scores.masked_fill_(~valid.view(num_seqs, 1, 1, s_len), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(num_seqs * num_kv_heads, group, s_len)
+    vh = v.permute(0, 2, 1, 3).reshape(num_seqs * num_kv_heads, s_len, head_dim)
+    return torch.bmm(probs, vh).view(num_seqs, -1, head_dim)
+
+
 class TorchPagedAttention:
     name = "torch"
     fused_extend = True
+    # Decode rows of a step are attended together once there are this many (padding to the
+    # longest context wastes little next to one op round per sequence per layer).
+    min_batched_decodes = 2
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None:
         self.pool = pool
         self.batch = batch
         page_size = pool.layout.page_size
         offsets = torch.arange(page_size)
+        device = pool.k[0].device
         # Slot indices of every context token, computed once per step and reused by all layers.
         self.gather_slots = [
-            (table.unsqueeze(1) * page_size + offsets).flatten()[:context_len]
+            (table.unsqueeze(1) * page_size + offsets).flatten()[:context_len].to(device)
             for table, context_len in zip(batch.page_tables, batch.context_lens, strict=True)
         ]
+        self.row_starts = [0]
+        for extend_len in batch.extend_lens:
+            self.row_starts.append(self.row_starts[-1] + extend_len)
+        decodes = [i for i, n in enumerate(batch.extend_lens) if n == 1]
+        self.decode_items: list[int] = []
+        if self.fused_extend and len(decodes) >= self.min_batched_decodes:
+            self.decode_items = decodes
+            max_len = max(batch.context_lens[i] for i in decodes)
+            padded = torch.zeros(len(decodes), max_len, dtype=torch.long)
+            self.decode_valid = torch.zeros(len(decodes), max_len, dtype=torch.bool)
+            for row, i in enumerate(decodes):
+                padded[row, : batch.context_lens[i]] = self.gather_slots[i]
+                self.decode_valid[row, : batch.context_lens[i]] = True
+            self.decode_slots = padded
+            self.decode_rows = torch.tensor([self.row_starts[i] for i in decodes])
 
     def __call__(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -47,17 +82,28 @@ class TorchPagedAttention:
         flat_k, flat_v = self.pool.flat_k(layer_idx), self.pool.flat_v(layer_idx)
         flat_k[self.batch.slot_mapping] = k
         flat_v[self.batch.slot_mapping] = v
+        batched = set(self.decode_items)
         outs = []
-        start = 0
-        for slots, extend_len in zip(self.gather_slots, self.batch.extend_lens, strict=True):
-            end = start + extend_len
-            if extend_len == 1:
+        for i, slots in enumerate(self.gather_slots):
+            if i in batched:
+                continue
+            start, end = self.row_starts[i], self.row_starts[i + 1]
+            if end - start == 1:
                 attend = decode_attention
             else:
-                attend = extend_attention if self.fused_extend else causal_attention
-            outs.append(attend(q[start:end], flat_k[slots], flat_v[slots]))
-            start = end
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+                # The fused extend calls a CPU-only aten kernel: on CUDA, masked SDPA instead.
+                fused = self.fused_extend and q.device.type == "cpu"
+                attend = extend_attention if fused else causal_attention
+            outs.append((i, attend(q[start:end], flat_k[slots], flat_v[slots])))
+        if not batched:
+            return outs[0][1] if len(outs) == 1 else torch.cat([o for _, o in outs], dim=0)
+        out = torch.empty_like(q)
+        out[self.decode_rows] = batched_decode_attention(
+            q[self.decode_rows], flat_k[self.decode_slots], flat_v[self.decode_slots],
+            self.decode_valid)
+        for i, part in outs:
+            out[self.row_starts[i] : self.row_starts[i + 1]] = part
+        return out
 
 
 class TorchSdpaPagedAttention(TorchPagedAttention):

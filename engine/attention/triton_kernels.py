@@ -52,7 +52,8 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     row = tl.program_id(0)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    mask = offs < ROW_SIZE
+    # A negative slot marks a padding row (static decode batches): nothing is stored for it.
+    mask = offs < tl.where(slot >= 0, ROW_SIZE, 0)
     k = tl.load(k_ptr + row.to(tl.int64) * stride_k_row + offs, mask=mask)
     v = tl.load(v_ptr + row.to(tl.int64) * stride_v_row + offs, mask=mask)
     tl.store(k_cache_ptr + slot * stride_cache_slot + offs, k, mask=mask)
@@ -62,7 +63,8 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """k, v: (N, Hkv, D); k_cache, v_cache: (num_pages, page_size, Hkv, D) contiguous;
-    slot_mapping: (N,) int. Writes row i of k/v to slot slot_mapping[i]."""
+    slot_mapping: (N,) int. Writes row i of k/v to slot slot_mapping[i]; rows whose slot is
+    negative are skipped (padding)."""
     num_rows = k.shape[0]
     if num_rows == 0:
         return

@@ -8,7 +8,7 @@ batch, the paged backends attend over the KV pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
 import torch
@@ -77,7 +77,21 @@ class LlamaModel:
         self.weights = weights
         self.dtype = dtype
         self.device = weights.embed.device
-        self._cos, self._sin = rotary_tables(config, dtype)
+        # Built on the CPU in fp64 (exact angles), then moved next to the weights they rotate.
+        cos, sin = rotary_tables(config, dtype)
+        self._cos, self._sin = cos.to(self.device), sin.to(self.device)
+
+    def to(self, device: torch.device | str) -> LlamaModel:
+        """A model with every weight on `device` (this one is unchanged); a tied lm_head stays
+        the same tensor as the embedding, so tying costs no extra device memory."""
+        w = self.weights
+        layers = [replace(layer, **{f.name: t.to(device) for f in fields(LayerWeights)
+                                    if (t := getattr(layer, f.name)) is not None})
+                  for layer in w.layers]
+        embed = w.embed.to(device)
+        lm_head = embed if w.lm_head is w.embed else w.lm_head.to(device)
+        return LlamaModel(self.config, LlamaWeights(embed, layers, w.norm.to(device), lm_head),
+                          self.dtype)
 
     @torch.inference_mode()
     def forward(

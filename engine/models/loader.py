@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,6 +36,29 @@ def parse_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise InvalidRequest(f"dtype '{name}' is not supported; use one of {sorted(set(DTYPES))}")
     return DTYPES[name]
+
+
+def default_dtype(device: str) -> str:
+    """The `--dtype auto` choice: bf16 on CUDA (half the weight bytes read per decode step,
+    tensor cores), fp32 on the CPU (faster than bf16 without AMX)."""
+    return "bf16" if device.startswith("cuda") else "fp32"
+
+
+def place_model(loaded: LoadedModel, device: str) -> LoadedModel:
+    """`loaded` with its weights on `device` ("cpu", "cuda", "cuda:N"), in the dtype they were
+    loaded in. Raises `InvalidRequest` for an unknown device or CUDA that is not available."""
+    try:
+        target = torch.device(device)
+    except RuntimeError as exc:
+        raise InvalidRequest(f"device '{device}' is not a torch device: {exc}") from exc
+    if target.type not in ("cpu", "cuda"):
+        raise InvalidRequest(f"device '{device}' is not supported; use cpu or cuda")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequest(f"device '{device}' was asked for but CUDA is not available")
+    current = loaded.model.device
+    if current.type == target.type and (target.index is None or current.index == target.index):
+        return loaded
+    return replace(loaded, model=loaded.model.to(target))
 
 
 def load_model(model: str | None = None, dtype: str = "fp32", *,

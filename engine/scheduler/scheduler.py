@@ -21,11 +21,12 @@ from engine.core import Phase, Request
 class ScheduledItem:
     request: Request
     start: int  # first position computed this step (== request.num_computed before the step)
-    num_tokens: int
+    num_tokens: int  # rows this step, draft tokens included
+    num_draft: int = 0  # trailing rows that are the request's draft_ids, verified after
 
     @property
     def needs_sample(self) -> bool:
-        return self.start + self.num_tokens == self.request.seq_len
+        return self.start + self.num_tokens - self.num_draft == self.request.seq_len
 
 
 class Scheduler:
@@ -87,12 +88,13 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: not r.is_decoding):
             if req not in self.running:
                 continue  # preempted while making room for an older request
-            num_tokens = min(req.num_remaining, budget)
+            num_tokens = min(req.num_remaining + len(req.draft_ids), budget)
             if num_tokens <= 0:
                 continue
             if not self._reserve_or_preempt(req, req.num_computed + num_tokens, items):
                 continue
-            items.append(ScheduledItem(req, req.num_computed, num_tokens))
+            num_draft = max(0, num_tokens - req.num_remaining)
+            items.append(ScheduledItem(req, req.num_computed, num_tokens, num_draft))
             budget -= num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]

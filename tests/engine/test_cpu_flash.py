@@ -40,3 +40,20 @@ def test_extend_of_non_contiguous_gather() -> None:
     q = torch.randn(40, 9, 64, generator=gen)
     torch.testing.assert_close(extend_attention(q, k, v), causal_attention(q, k, v),
                                atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+def test_batched_decode_matches_per_sequence(num_heads: int, num_kv_heads: int) -> None:
+    from engine.attention.torch_paged import batched_decode_attention, decode_attention
+
+    gen = torch.Generator().manual_seed(num_heads)
+    lens = [1, 17, 64, 5]
+    max_len = max(lens)
+    q = torch.randn(len(lens), num_heads, 32, generator=gen)
+    k = torch.randn(len(lens), max_len, num_kv_heads, 32, generator=gen)
+    v = torch.randn(len(lens), max_len, num_kv_heads, 32, generator=gen)
+    valid = torch.arange(max_len).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+    got = batched_decode_attention(q, k, v, valid)
+    for b, n in enumerate(lens):
+        want = decode_attention(q[b : b + 1], k[b, :n], v[b, :n])
+        torch.testing.assert_close(got[b : b + 1], want, atol=2e-5, rtol=2e-5)

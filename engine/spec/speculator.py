@@ -1,0 +1,102 @@
+"""Speculative decoding inside the engine step: drafts before scheduling, exact verification
+after the forward. The engine owns one `Speculator` when drafting is on (`EngineConfig.spec`).
+
+Draft tokens ride in the same flattened forward as other requests' decodes and prefill chunks: a
+decoding request with k drafts is scheduled as 1 + k rows and gets k + 1 logit rows back.
+Rejected drafts' KV needs no undo: the request's `num_computed` only advances over accepted
+tokens, so their slots are simply overwritten by the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.sampling import TokenChoice
+from engine.spec.drafter import Drafter
+from engine.spec.verify import RowMasker, verify_draft
+
+if TYPE_CHECKING:
+    from engine.core import Request
+    from engine.scheduler.scheduler import ScheduledItem
+
+# Picks tokens for rows without drafts (the engine's plain path: grammar masks, batched argmax).
+PlainChooser = Callable[[torch.Tensor, list["Request"]], list[TokenChoice]]
+
+
+@dataclass(frozen=True)
+class Verified:
+    request: Request
+    choices: list[TokenChoice]
+    num_accepted: int  # leading choices whose KV the verify forward already wrote
+    num_drafted: int = 0
+
+
+class Speculator:
+    def __init__(self, drafter: Drafter, max_draft_len: int) -> None:
+        self.drafter = drafter
+        self.max_draft_len = max_draft_len
+        self.num_drafted = 0
+        self.num_accepted = 0
+
+    def propose(self, running: Sequence[Request], max_context: int) -> None:
+        """Set `draft_ids` on every decoding request (empty where there is nothing to guess)."""
+        eligible, max_lens = [], []
+        for req in running:
+            req.draft_ids = []
+            if not req.is_decoding:
+                continue
+            room = min(req.params.max_tokens - len(req.output_ids) - 1,
+                       max_context - req.seq_len - 1, self.max_draft_len)
+            if room > 0:
+                eligible.append(req)
+                max_lens.append(room)
+        if eligible:
+            for req, draft in zip(eligible, self.drafter.propose(eligible, max_lens), strict=True):
+                req.draft_ids = list(draft)
+
+    def choose(self, items: Sequence[ScheduledItem], logits: torch.Tensor,
+               plain: PlainChooser, mask: RowMasker | None = None) -> list[Verified]:
+        """items: the sampled items in order; logits: 1 + num_draft rows per item. `mask`
+        applies a request's grammar to a row (needed once any request has a grammar)."""
+        starts, row = [], 0
+        for item in items:
+            starts.append(row)
+            row += 1 + item.num_draft
+        plain_idx = [i for i, item in enumerate(items) if not item.num_draft]
+        plain_choices = iter(plain(logits[[starts[i] for i in plain_idx]],
+                                   [items[i].request for i in plain_idx])
+                             if plain_idx else [])
+        out = []
+        for item, start in zip(items, starts, strict=True):
+            req = item.request
+            if not item.num_draft:
+                out.append(Verified(req, [next(plain_choices)], 0))
+                continue
+            draft = req.draft_ids[: item.num_draft]
+            choices, num_accepted = verify_draft(logits[start : start + item.num_draft + 1],
+                                                 draft, req.params, req.generator,
+                                                 req.grammar, mask)
+            self.drafter.observe(req, len(draft), num_accepted)
+            out.append(Verified(req, choices, num_accepted, len(draft)))
+        for item in items:
+            item.request.draft_ids = []
+        return out
+
+    def record(self, request: Request, num_drafted: int, num_emitted: int) -> None:
+        """Count draft tokens proposed, and accepted ones as they reach the output (a stop
+        inside a draft ends the request before the rest, which then do not count)."""
+        request.num_drafted += num_drafted
+        request.num_accepted += num_emitted
+        self.num_drafted += num_drafted
+        self.num_accepted += num_emitted
+
+    def finish(self, request: Request) -> None:
+        self.drafter.finish(request)
+
+    def check_invariants(self) -> None:
+        assert 0 <= self.num_accepted <= self.num_drafted
+        self.drafter.check_invariants()
