@@ -5,7 +5,8 @@ messages (plus the generation prompt) adds after the ledger's tokens. The templa
 about short synthetic conversations to learn where each piece starts and ends.
 
 Ledger layout per turn:
-  root       the rendered system prompt (the template's default one when the session has none)
+  root       the rendered system prompt (the template's default one when the session has none),
+             with the session's tools written into it (`gateway.tool_prompt`)
   input      [closer of the previous assistant message] + rendered new messages + generation prompt
   assistant  the generated ids (+ the stop token when generation stopped on one)
 
@@ -19,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.chat_template import ChatTemplate
-from engine.errors import UnsupportedModel
+from engine.errors import InvalidRequest, UnsupportedModel
 from engine.tokenizer import Tokenizer
+from gateway.tool_prompt import ToolDef, template_messages, tools_system_content
 
 _PROBE_USER = {"role": "user", "content": "\x00probe\x00"}
 
@@ -39,33 +41,36 @@ class TurnRenderer:
         self.template: ChatTemplate = template
         self._generation_prompt = template.generation_prompt()
         self._default_system = self._default_system_text()
+        self.tool_role = self._tool_role()
 
-    def system_token_ids(self, system: str | None) -> list[int]:
-        """Token ids of the root turn: the rendered system prompt."""
-        return self.tokenizer.encode(self.system_text(system))
+    def system_token_ids(self, system: str | None, tools: Sequence[ToolDef] = ()) -> list[int]:
+        """Token ids of the root turn: the rendered system prompt (with `tools`, if any)."""
+        return self.tokenizer.encode(self.system_text(system, tools))
 
-    def system_text(self, system: str | None) -> str:
-        if system is None:
+    def system_text(self, system: str | None, tools: Sequence[ToolDef] = ()) -> str:
+        if system is None and not tools:
             return self._default_system
-        return self.template.render([{"role": "system", "content": system}])
+        return self.template.render(self._system_messages(system, tools))
 
     def input_token_ids(self, messages: Sequence[Mapping[str, Any]], *, system: str | None,
-                        after_root: bool, closer: str = "") -> list[int]:
+                        after_root: bool, closer: str = "",
+                        tools: Sequence[ToolDef] = ()) -> list[int]:
         """Delta of an input turn: `closer` + the new messages + the generation prompt.
 
-        `after_root`: the parent is the root (only the system prompt precedes). Raises
+        `after_root`: the parent is the root (only the system prompt precedes). Tool calls of
+        assistant messages and tool results are written as `gateway.tool_prompt` says. Raises
         `InvalidRequest` (engine) if the template rejects the conversation.
         """
-        msgs = [dict(m) for m in messages]
+        msgs = template_messages(messages, tool_role=self.tool_role)
         if after_root:
             full = self.template.render(
-                self._system_messages(system) + msgs, add_generation_prompt=True)
-            head = self.system_text(system)
+                self._system_messages(system, tools) + msgs, add_generation_prompt=True)
+            head = self.system_text(system, tools)
             if not full.startswith(head):
                 raise UnsupportedModel("the chat template does not start with the system prompt")
             text = full[len(head):]
         else:
-            history = [*self._system_messages(system), _PROBE_USER,
+            history = [*self._system_messages(system, tools), _PROBE_USER,
                        {"role": "assistant", "content": "."}]
             text = self.template.render_delta(history, msgs, add_generation_prompt=True)
         return self.tokenizer.encode(closer + text)
@@ -85,8 +90,21 @@ class TurnRenderer:
                 return tail[k:]
         return tail
 
-    def _system_messages(self, system: str | None) -> list[dict[str, Any]]:
+    def _system_messages(self, system: str | None,
+                         tools: Sequence[ToolDef] = ()) -> list[dict[str, Any]]:
+        if tools:
+            return [{"role": "system", "content": tools_system_content(system, tools)}]
         return [] if system is None else [{"role": "system", "content": system}]
+
+    def _tool_role(self) -> str:
+        # Hermes writes tool results as role "tool"; a template that rejects or drops that
+        # role gets them as "user" (Qwen2.5 does the same).
+        probe = "\x00tool\x00"
+        try:
+            rendered = self.template.render([_PROBE_USER, {"role": "tool", "content": probe}])
+        except InvalidRequest:
+            return "user"
+        return "tool" if probe in rendered else "user"
 
     def _default_system_text(self) -> str:
         # Text the template puts before the first user message when no system message is given.

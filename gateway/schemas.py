@@ -78,10 +78,27 @@ class Message(BaseModel):
     role: MessageRole
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = None  # role "tool": the id of the call this is the result of
+    # role "assistant" (replayed history): [{"id", "name", "arguments": {...}}] or OpenAI's shape
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class NamedToolChoice(_Strict):
+    """`{"name": ...}`: the output is exactly one call to that tool."""
+
+    type: Literal["function", "tool"] | None = None
+    name: str = Field(min_length=1, max_length=128)
+
+
+ToolChoice = Literal["auto", "required", "none"] | NamedToolChoice
 
 
 class GenerateOptions(_Strict):
+    """Sampling options. `tool_choice` (sessions with tools; default "auto"): "auto" lets the
+    model call a declared tool or answer in text, "required" makes it call one or more, "none"
+    forbids calls, {"name": ...} makes it call that tool (once). Calls always match the tool
+    schemas. `parallel_tool_calls` False ends the output after the first call."""
+
     max_tokens: int = Field(default=256, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -89,6 +106,8 @@ class GenerateOptions(_Strict):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list, max_length=16)
     stream: bool = False
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True  # False: at most one call per turn
 
     @model_validator(mode="after")
     def _stop_non_empty(self) -> GenerateOptions:
@@ -112,7 +131,9 @@ class Usage(BaseModel):
 
 
 class TurnView(BaseModel):
-    """One turn of the tree. Assistant turns carry `content`, `usage` and `finish_reason`."""
+    """One turn of the tree. Assistant turns carry `content`, `usage` and `finish_reason`;
+    `tool_calls` are `[{"id", "name", "arguments": {...}}]` (then finish_reason "tool_calls"),
+    and `content` is the text without the tool-call markup."""
 
     id: str
     session_id: str

@@ -5,24 +5,34 @@
                 on `unknown_parent` (or no bound parent) the full token path from the ledger
     assistant   written under the input turn; the branch head fast-forwards to it
 
+With tools on the session, the Extend carries the `tool_choice` grammar and the output is parsed
+into text and tool-call events (`gateway.toolcall_parser`); the assistant turn stores the text
+without markup and `tool_calls` (finish_reason "tool_calls" when it stopped after calls).
+
 The engine binds each assistant turn under `engine_ref(input_turn_id)` (the store assigns the
 assistant's id only when writing it, after generation). Branch heads are pinned in the engine.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from engine.constrained.spec import ToolConstraint
 from engine.protocol import Extend, Finished, Timings, TokenChunk
 from engine.sampling_params import SamplingParams
 from gateway.engine_link import EngineLink
 from gateway.errors import EngineFailure, InvalidRequest
 from gateway.rendering import TurnRenderer
-from gateway.schemas import AppendTurnRequest, GenerateOptions
+from gateway.schemas import AppendTurnRequest, GenerateOptions, NamedToolChoice
+from gateway.tool_prompt import ToolDef, normalize_tools, tool_constraint
+from gateway.toolcall_parser import ParseEvent, ToolCallDelta, ToolCallEnd, ToolCallParser
+from gateway.toolcall_parser import TextDelta as TextDelta
+from gateway.toolcall_parser import ToolCallStart as ToolCallStart
 from sessions import BranchNotFound, HeadMoved, NewTurn, Session, SessionStore, Turn
 
 
@@ -40,11 +50,7 @@ def ref_of(turn: Turn) -> str | None:
 class TurnStarted:
     input_turn_id: str
     parent_turn_id: str
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
+    model: str | None = None  # the session's model name
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,11 @@ class TurnEnded:
     turn: Turn
     branch: str | None
     timings: Timings | None = None  # the engine's, of the request that generated `turn`
+    finished: Finished | None = None  # the engine's result of that request
+    finished_ns: int | None = None  # time.time_ns() when `finished` reached the gateway
 
 
-TurnEvent = TurnStarted | TextDelta | TurnEnded
+TurnEvent = TurnStarted | TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | TurnEnded
 
 
 @dataclass(frozen=True)
@@ -77,31 +85,36 @@ class TurnService:
 
     async def run_turn(self, tenant: str, session_id: str, request: AppendTurnRequest, *,
                        expected_version: int | None) -> AsyncGenerator[TurnEvent, None]:
-        """TurnStarted, TextDelta*, TurnEnded. Raises session errors, InvalidRequest,
-        EngineFailure / EngineUnavailable. Closing the iterator aborts the engine request."""
+        """TurnStarted, (TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd)*, TurnEnded.
+        Raises session errors, InvalidRequest, InvalidToolSchema, EngineFailure /
+        EngineUnavailable. Closing the iterator aborts the engine request."""
         params = self._sampling(request.generate)
         session = await self.store.get_session(session_id, tenant=tenant)
+        tools, constraint = _tooling(session, request.generate)
         target = await self._target(session, request)
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        delta = self._delta(session, target.parent, messages)
+        delta = self._delta(session, target.parent, messages, tools)
         (input_turn,) = await self.store.append_turns(
             session_id, tenant=tenant, turns=[NewTurn(role=_input_role(messages),
                                                       token_ids=delta, messages=messages)],
             branch=target.branch, parent_turn_id=target.parent.id,
             expected_version=expected_version, move_branch=False)
-        yield TurnStarted(input_turn.id, target.parent.id)
+        yield TurnStarted(input_turn.id, target.parent.id, session.model)
         finished: Finished | None = None
-        stream = self._generate(session, tenant, target.parent, input_turn, delta, params)
+        finished_ns: int | None = None
+        parser = ToolCallParser() if constraint and constraint.mode != "none" else None
+        stream = self._generate(session, tenant, target.parent, input_turn, delta, params,
+                                constraint, parser)
         async with aclosing(stream):  # closing this generator must reach the engine (Abort)
             async for event in stream:
                 if isinstance(event, Finished):
-                    finished = event
+                    finished, finished_ns = event, time.time_ns()
                 else:
                     yield event
         assert finished is not None
-        turn = await self._store_reply(session, tenant, target, input_turn, finished)
+        turn = await self._store_reply(session, tenant, target, input_turn, finished, parser)
         await self._move_pins(target, input_turn.id)
-        yield TurnEnded(turn, target.branch, finished.timings)
+        yield TurnEnded(turn, target.branch, finished.timings, finished, finished_ns)
 
     async def rewind(self, tenant: str, session_id: str, branch: str, to_turn_id: str, *,
                      expected_version: int | None) -> Session:
@@ -151,19 +164,21 @@ class TurnService:
         parent = await self.store.get_turn(session.id, parent_id, tenant=session.tenant)
         return _Target(parent, branch, session.branches.get(branch) if branch else None)
 
-    def _delta(self, session: Session, parent: Turn, messages: list[dict[str, Any]]
-               ) -> list[int]:
+    def _delta(self, session: Session, parent: Turn, messages: list[dict[str, Any]],
+               tools: Sequence[ToolDef]) -> list[int]:
         system = session.system if isinstance(session.system, str) else None
         closer = ""
         if parent.role == "assistant":
             content = parent.messages[0].get("content", "") if parent.messages else ""
             closer = self.renderer.closer(str(content or ""), parent.token_ids)
         return self.renderer.input_token_ids(messages, system=system,
-                                             after_root=parent.role == "root", closer=closer)
+                                             after_root=parent.role == "root", closer=closer,
+                                             tools=tools)
 
     async def _generate(self, session: Session, tenant: str, parent: Turn, input_turn: Turn,
-                        delta: list[int], params: SamplingParams
-                        ) -> AsyncGenerator[TextDelta | Finished, None]:
+                        delta: list[int], params: SamplingParams,
+                        constraint: ToolConstraint | None, parser: ToolCallParser | None
+                        ) -> AsyncGenerator[ParseEvent | Finished, None]:
         ref = ref_of(parent)
         namespace = f"{tenant}:{session.model}"
         for attempt in range(2):
@@ -173,13 +188,18 @@ class TurnService:
             else:
                 token_ids = delta
             extend = Extend(uuid.uuid4().hex, namespace, ref, token_ids, params,
-                            bind_turn_id=engine_ref(input_turn.id), session_id=session.id)
+                            bind_turn_id=engine_ref(input_turn.id), session_id=session.id,
+                            constraint=constraint)
             async with aclosing(self.engine.extend(extend)) as replies:
                 async for message in replies:
                     if isinstance(message, TokenChunk):
                         if message.text:
-                            yield TextDelta(message.text)
+                            for event in (parser.feed(message.text) if parser
+                                          else [TextDelta(message.text)]):
+                                yield event
                     elif isinstance(message, Finished):
+                        for event in parser.finish() if parser else []:
+                            yield event
                         yield message
                         return
                     elif message.error_type != "unknown_parent" or ref is None:
@@ -187,17 +207,24 @@ class TurnService:
         raise EngineFailure("the engine lost the parent twice", error_type="unknown_parent")
 
     async def _store_reply(self, session: Session, tenant: str, target: _Target,
-                           input_turn: Turn, done: Finished) -> Turn:
+                           input_turn: Turn, done: Finished,
+                           parser: ToolCallParser | None) -> Turn:
         token_ids = list(done.output_token_ids)
         if done.stop_token_id is not None:
             token_ids.append(done.stop_token_id)
+        calls = [c.to_dict() for c in parser.tool_calls] if parser else []
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": parser.text if parser else done.text}
+        if calls:
+            message["tool_calls"] = calls
+        finish_reason = "tool_calls" if calls and done.finish_reason == "stop" else (
+            done.finish_reason)
         usage = {"input_tokens": done.prompt_len, "cached_tokens": done.cached_len,
                  "computed_tokens": done.computed_len, "output_tokens": done.output_len}
         (turn,) = await self.store.append_turns(
             session.id, tenant=tenant, parent_turn_id=input_turn.id,
             turns=[NewTurn(role="assistant", token_ids=token_ids, usage=usage,
-                           messages=[{"role": "assistant", "content": done.text}],
-                           finish_reason=done.finish_reason)],
+                           messages=[message], tool_calls=calls, finish_reason=finish_reason)],
             branch=target.branch, move_branch=target.branch is not None,
             expected_head=target.old_head)
         return turn
@@ -222,6 +249,18 @@ class TurnService:
             ref = ref_of(turn)
             if ref is not None:
                 await self.engine.unpin(ref)
+
+
+def _tooling(session: Session, options: GenerateOptions
+             ) -> tuple[list[ToolDef], ToolConstraint | None]:
+    """The session's tools and the grammar of `options.tool_choice`. Raises InvalidToolSchema
+    and InvalidRequest (a choice the tools cannot satisfy)."""
+    tools = normalize_tools(session.tools)
+    choice = options.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return tools, tool_constraint(tools, {"name": choice.name})
+    return tools, tool_constraint(tools, choice,
+                                  enable_parallel_calls=options.parallel_tool_calls)
 
 
 def _input_role(messages: list[dict[str, Any]]) -> Any:

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any
 
 from gateway.errors import error_body, status_for
 from gateway.schemas import SessionView, TurnSummaryView, TurnView, Usage
+from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallStart
 from gateway.turns import TextDelta, TurnEnded, TurnEvent, TurnStarted
 from sessions import Session, Turn, TurnSummary
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive",
                "X-Accel-Buffering": "no"}
+# {index, id, name} / {index, arguments: a fragment of JSON text} / {index, id, name, arguments}
+_TOOL_EVENTS: Mapping[type, str] = {ToolCallStart: "tool_call_start",
+                                 ToolCallDelta: "tool_call_delta",
+                                 ToolCallEnd: "tool_call_end"}
 
 
 def turn_view(turn: Turn, branch: str | None = None) -> TurnView:
@@ -46,7 +51,8 @@ def sse_frame(event_id: str, event: str, data: dict[str, Any]) -> bytes:
 
 async def sse_stream(first: TurnStarted, events: AsyncGenerator[TurnEvent, None],
                      request_id: str | None) -> AsyncGenerator[bytes, None]:
-    """`turn_start`, `text_delta`*, `turn_end` | `error`. Ids are `<input turn id>:<n>`.
+    """`turn_start`, (`text_delta` | `tool_call_start` | `tool_call_delta` | `tool_call_end`)*,
+    `turn_end` | `error`. Ids are `<input turn id>:<n>`.
     Closing this generator (client disconnect) closes `events`, which aborts the engine request."""
     async with aclosing(events):
         n = 0
@@ -60,6 +66,10 @@ async def sse_stream(first: TurnStarted, events: AsyncGenerator[TurnEvent, None]
                 if isinstance(event, TextDelta):
                     yield sse_frame(event_id, "text_delta",
                                     {"type": "text_delta", "text": event.text})
+                elif isinstance(event, ToolCallStart | ToolCallDelta | ToolCallEnd):
+                    yield sse_frame(event_id, _TOOL_EVENTS[type(event)],
+                                    {"type": _TOOL_EVENTS[type(event)],
+                                     **dataclasses.asdict(event)})
                 elif isinstance(event, TurnEnded):
                     view = turn_view(event.turn, event.branch)
                     timings = dataclasses.asdict(event.timings) if event.timings else None

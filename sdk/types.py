@@ -24,13 +24,15 @@ class Message(_Model):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant message's calls (replay)
 
 
 class MessageParam(TypedDict):
     role: MessageRole
     content: NotRequired[str | list[dict[str, Any]] | None]
     name: NotRequired[str]
-    tool_call_id: NotRequired[str]
+    tool_call_id: NotRequired[str]  # role "tool": the call this message is the result of
+    tool_calls: NotRequired[list[dict[str, Any]]]
 
 
 class GenerateParams(TypedDict, total=False):
@@ -42,6 +44,9 @@ class GenerateParams(TypedDict, total=False):
     top_k: int
     seed: int | None
     stop: list[str]
+    # sessions with tools: "auto" (default) | "required" | "none" | {"name": ...}
+    tool_choice: Literal["auto", "required", "none"] | dict[str, str]
+    parallel_tool_calls: bool  # False: at most one tool call per turn
 
 
 class Usage(_Model):
@@ -52,7 +57,9 @@ class Usage(_Model):
 
 
 class Turn(_Model):
-    """One turn of the tree. Assistant turns carry `content`, `usage` and `finish_reason`."""
+    """One turn of the tree. Assistant turns carry `content`, `usage` and `finish_reason`;
+    `tool_calls` are `[{"id", "name", "arguments": {...}}]` (finish_reason "tool_calls"), and
+    `content` is the text without the tool-call markup."""
 
     id: str
     session_id: str
@@ -123,6 +130,34 @@ class TextDelta(_Model):
     text: str
 
 
+class ToolCallStart(_Model):
+    """The model opened call `index` (0, 1, ... within the turn) to tool `name`."""
+
+    type: Literal["tool_call_start"]
+    index: int
+    id: str
+    name: str
+
+
+class ToolCallDelta(_Model):
+    """A fragment of call `index`'s arguments as JSON text; a call's fragments concatenate to
+    exactly its arguments' JSON."""
+
+    type: Literal["tool_call_delta"]
+    index: int
+    arguments: str
+
+
+class ToolCallEnd(_Model):
+    """Call `index` is complete; `arguments` is the parsed object."""
+
+    type: Literal["tool_call_end"]
+    index: int
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
 class TurnEnd(_Model):
     type: Literal["turn_end"]
     turn: Turn
@@ -142,6 +177,9 @@ class ErrorEvent(_Model):
     request_id: str | None = None
 
 
-StreamEvent = Annotated[TurnStart | TextDelta | TurnEnd | ErrorEvent, Field(discriminator="type")]
+StreamEvent = Annotated[
+    TurnStart | TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | TurnEnd | ErrorEvent,
+    Field(discriminator="type")]
 STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
-KNOWN_EVENTS = frozenset({"turn_start", "text_delta", "turn_end", "error"})
+KNOWN_EVENTS = frozenset({"turn_start", "text_delta", "tool_call_start", "tool_call_delta",
+                          "tool_call_end", "turn_end", "error"})
