@@ -12,20 +12,24 @@ from contextlib import asynccontextmanager
 from typing import TypedDict
 
 from fastapi import FastAPI
+from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis
 
 from engine.client import EngineClient
 from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyStore
+from gateway.compat import anthropic_routes, models_route, openai_routes
 from gateway.engine_link import EngineLink
 from gateway.errors import install_error_handlers
 from gateway.idempotency import IdempotencyStore
 from gateway.limits import RequestLimits
 from gateway.rendering import TurnRenderer
-from gateway.routes import health, sessions
+from gateway.routes import health, metrics, sessions
 from gateway.settings import GatewaySettings
+from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
+from observability import ServerSpanMiddleware, build_tracer_provider
 from sessions import SessionStore
 
 
@@ -38,16 +42,24 @@ class State(TypedDict):
     engine: EngineLink
     turns: TurnService
     model_name: str
+    telemetry: Telemetry
 
 
 def create_app(settings: GatewaySettings | None = None, *,
                engine_client: EngineClient | EngineLink | None = None,
                redis: Redis | None = None, tokenizer: Tokenizer | None = None,
-               model_name: str | None = None) -> FastAPI:
+               model_name: str | None = None,
+               tracer_provider: TracerProvider | None = None) -> FastAPI:
     """Build the app. Without `engine_client`, the lifespan connects to `settings.engine_url`
     (required then). Without `redis`, it opens `settings.redis_url` (required then). Without
-    `tokenizer`, it loads the one of `settings.model` (the embedded model by default)."""
+    `tokenizer`, it loads the one of `settings.model` (the embedded model by default). Without
+    `tracer_provider`, spans go where the `OTEL_*` variables say (`observability.tracing`) and
+    the lifespan shuts that provider down; a given provider stays the caller's."""
     settings = settings or GatewaySettings()
+    owned_provider = None
+    if tracer_provider is None:
+        tracer_provider = owned_provider = build_tracer_provider()
+    provider = tracer_provider
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
@@ -63,8 +75,11 @@ def create_app(settings: GatewaySettings | None = None, *,
             yield State(settings=settings, redis=client, store=store,
                         keys=KeyStore(client, settings.auth_key_prefix),
                         idempotency=IdempotencyStore(client, settings.key_prefix),
-                        engine=link, turns=turns, model_name=name)
+                        engine=link, turns=turns, model_name=name,
+                        telemetry=Telemetry.create(provider))
         finally:
+            if owned_provider is not None:
+                owned_provider.shutdown()  # flushes the batch exporters
             if engine_client is None:
                 await link.client.close()
             if owned_redis:
@@ -76,7 +91,11 @@ def create_app(settings: GatewaySettings | None = None, *,
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(sessions.router)
+    app.include_router(metrics.router)
+    for compat in (openai_routes, anthropic_routes, models_route):
+        app.include_router(compat.router)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(ServerSpanMiddleware, tracer_provider=provider)  # outermost: sees 413s
     return app
 
 

@@ -14,6 +14,7 @@ from gateway.engine_link import EngineLink
 from gateway.errors import InvalidRequest
 from gateway.idempotency import IdempotencyStore
 from gateway.settings import GatewaySettings
+from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
 from sessions import SessionStore
 
@@ -36,6 +37,11 @@ def get_engine(request: Request) -> EngineLink:
 def get_turns(request: Request) -> TurnService:
     service: TurnService = request.state.turns
     return service
+
+
+def get_telemetry(request: Request) -> Telemetry:
+    telemetry: Telemetry = request.state.telemetry
+    return telemetry
 
 
 def get_idempotency(request: Request) -> IdempotencyStore:
@@ -73,6 +79,7 @@ SessionStoreDep = Annotated[SessionStore, Depends(get_store)]
 EngineDep = Annotated[EngineLink, Depends(get_engine)]
 TurnServiceDep = Annotated[TurnService, Depends(get_turns)]
 IdempotencyDep = Annotated[IdempotencyStore, Depends(get_idempotency)]
+TelemetryDep = Annotated[Telemetry, Depends(get_telemetry)]
 TenantDep = Annotated[str, Depends(get_tenant)]
 ExpectedVersionDep = Annotated[int | None, Depends(get_expected_version)]
 IdempotencyKeyDep = Annotated[str | None, Header(alias="Idempotency-Key")]

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
+from opentelemetry.trace import TracerProvider
 from redis.asyncio import Redis
 
 from engine.client import EngineClient
@@ -22,9 +23,11 @@ from gateway.settings import GatewaySettings
 
 @contextmanager
 def serve_local(loaded: LoadedModel, settings: GatewaySettings, *, model_name: str,
-                kv_memory_bytes: int, start_timeout_s: float = 60.0) -> Iterator[str]:
+                kv_memory_bytes: int, start_timeout_s: float = 60.0,
+                tracer_provider: TracerProvider | None = None) -> Iterator[str]:
     """Yield the base URL once uvicorn has started; stop it and close the engine client and the
-    Redis pool on exit. `settings.redis_url` must be set. Raises RuntimeError if it won't start."""
+    Redis pool on exit. `settings.redis_url` must be set. Raises RuntimeError if it won't start.
+    `tracer_provider` goes to `create_app` (tests pass one with an in-memory exporter)."""
     if settings.redis_url is None:
         raise ValueError("serve_local needs settings.redis_url")
     redis_url = settings.redis_url
@@ -39,7 +42,8 @@ def serve_local(loaded: LoadedModel, settings: GatewaySettings, *, model_name: s
             Engine(loaded, EngineConfig(kv_memory_bytes=kv_memory_bytes)))
         client = Redis.from_url(redis_url)
         app = create_app(settings, engine_client=engine_client, redis=client,
-                         tokenizer=loaded.tokenizer, model_name=model_name)
+                         tokenizer=loaded.tokenizer, model_name=model_name,
+                         tracer_provider=tracer_provider)
         server = box["server"] = uvicorn.Server(uvicorn.Config(app, log_level="warning",
                                                                lifespan="on"))
         try:

@@ -22,6 +22,8 @@ from sdk._constants import (
 )
 from sdk._errors import APIConnectionError, APITimeoutError, error_from_event
 from sdk._sse import ServerSentEvent
+from sdk._toolcalls import ToolCallSnapshot, accumulate_tool_call
+from sdk._tracing import inject_trace_headers
 from sdk.types import (
     KNOWN_EVENTS,
     STREAM_EVENT_ADAPTER,
@@ -31,6 +33,9 @@ from sdk.types import (
     MessageParam,
     StreamEvent,
     TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
     Turn,
     TurnEnd,
     TurnStart,
@@ -79,9 +84,12 @@ def default_headers(api_key: str | None) -> dict[str, str]:
 
 def build_request(client: httpx.Client | httpx.AsyncClient,
                   options: RequestOptions) -> httpx.Request:
+    """One attempt's request. Built per attempt, so each carries the `traceparent` of the span
+    current when it is sent (none without opentelemetry)."""
     headers = dict(options.headers)
     if options.idempotency_key is not None:
         headers[IDEMPOTENCY_HEADER] = options.idempotency_key
+    inject_trace_headers(headers)
     return client.build_request(options.method, options.path, json=options.json,
                                 headers=headers)
 
@@ -178,9 +186,10 @@ def append_body(messages: MessagesInput, generate: GenerateParams, *, stream: bo
 
 @dataclass(frozen=True)
 class TurnSnapshot:
-    """What a stream has shown so far."""
+    """What a stream has shown so far. `tool_calls`: every call started, in order."""
 
     text: str = ""
+    tool_calls: tuple[ToolCallSnapshot, ...] = ()
     input_turn_id: str | None = None
     parent_turn_id: str | None = None
     turn: Turn | None = None
@@ -214,6 +223,12 @@ def accumulate_event(snapshot: TurnSnapshot, event: StreamEvent,
                        parent_turn_id=event.parent_turn_id)
     if isinstance(event, TextDelta):
         return replace(snapshot, text=snapshot.text + event.text)
+    if isinstance(event, ToolCallStart | ToolCallDelta | ToolCallEnd):
+        return replace(snapshot, tool_calls=accumulate_tool_call(snapshot.tool_calls, event))
     if isinstance(event, TurnEnd):
-        return replace(snapshot, turn=event.turn)
+        turn = event.turn
+        done = [c.to_dict() for c in snapshot.tool_calls if c.is_done]
+        if done and not turn.tool_calls:  # a server that sent the calls only as events
+            turn = turn.model_copy(update={"tool_calls": done})
+        return replace(snapshot, turn=turn)
     return snapshot

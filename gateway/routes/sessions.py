@@ -14,6 +14,7 @@ from gateway.deps import (
     IdempotencyKeyDep,
     SessionStoreDep,
     SettingsDep,
+    TelemetryDep,
     TenantDep,
     TurnServiceDep,
 )
@@ -29,6 +30,8 @@ from gateway.schemas import (
     SessionView,
     TurnView,
 )
+from gateway.telemetry import traced_turn
+from gateway.tool_prompt import normalize_tools
 from gateway.turns import TurnEnded, TurnStarted
 from gateway.views import SSE_HEADERS, session_view, sse_stream, turn_view
 from sessions import Session, VersionConflict
@@ -56,11 +59,14 @@ def _branches(session: Session) -> dict[str, Any]:
 async def create_session(body: CreateSessionRequest, request: Request, tenant: TenantDep,
                          store: SessionStoreDep, turns: TurnServiceDep, idem: IdempotencyDep,
                          key: IdempotencyKeyDep = None) -> JSONResponse:
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    tool_defs = normalize_tools(tools)  # InvalidToolSchema (400) before anything is written
+
     async def compute() -> tuple[int, Any]:
         session = await store.create_session(
             tenant, body.model or request.state.model_name,
-            system_token_ids=turns.renderer.system_token_ids(body.system), system=body.system,
-            tools=[t.model_dump(exclude_none=True) for t in body.tools], metadata=body.metadata)
+            system_token_ids=turns.renderer.system_token_ids(body.system, tool_defs),
+            system=body.system, tools=tools, metadata=body.metadata)
         created = SessionCreated(id=session.id, branch=session.default_branch,
                                  head_turn_id=session.head(), version=session.version)
         return 201, created.model_dump()
@@ -99,10 +105,13 @@ async def get_turn(session_id: str, turn_id: str, tenant: TenantDep,
 async def append_turn(session_id: str, body: AppendTurnRequest, request: Request,
                       tenant: TenantDep, turns: TurnServiceDep, settings: SettingsDep,
                       idem: IdempotencyDep, expected: ExpectedVersionDep,
-                      key: IdempotencyKeyDep = None) -> Response:
+                      telemetry: TelemetryDep, key: IdempotencyKeyDep = None) -> Response:
     if len(body.messages) > settings.max_messages:
         raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
-    events = turns.run_turn(tenant, session_id, body, expected_version=expected)
+    events = traced_turn(telemetry, turns.run_turn(tenant, session_id, body,
+                                                   expected_version=expected),
+                         model=request.state.model_name, session_id=session_id,
+                         max_tokens=body.generate.max_tokens)
     if body.generate.stream:
         first = await anext(events)
         assert isinstance(first, TurnStarted)
