@@ -1,6 +1,7 @@
 """Replay an agent trajectory through the engine with the prefix cache on and off, plus peers.
 
     python -m benchmarks.agent_replay --json bench-results/agent_replay.json [--quick]
+    python -m benchmarks.agent_replay --api openai|anthropic [--turns N]  (benchmarks.api_replay)
 
 Per turn: context length, delta length, TTFT with the cache (only the delta is computed) and
 without it (the whole context is recomputed), and each installed peer's TTFT with its own prefix
@@ -169,9 +170,19 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--api", choices=["openai", "anthropic"], default=None,
+                        help="replay through that compatible route and the native session "
+                             "route of a live gateway instead (benchmarks.api_replay)")
+    parser.add_argument("--max-tokens", type=int, default=8, help="reply length with --api")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     num_turns = args.turns or (20 if args.quick else 40)
+    if args.api is not None:
+        from benchmarks.api_replay import run_api_replay
+
+        given = args.json if args.json != parser.get_default("json") else None
+        run_api_replay(args.api, num_turns, given, args.max_tokens)
+        return
     repeats = args.repeats or (1 if args.quick else 5)
     loaded = load_model(None, "fp32")
     config = EngineConfig(kv_memory_bytes=2 << 30, max_batch_tokens=1024)

@@ -2,12 +2,18 @@
 
 Body: `{"type": "error", "error": {"type": ..., "message": ...}, "request_id": ...}`. The same body
 is the `data` of an SSE `error` event when a streamed turn fails mid-way (`error_body`).
+
+The compatible routes answer in their API's own envelope (`dialect_of` picks it by path, and for
+`GET /v1/models` by the `anthropic-version` header; `wire_error` builds it): Anthropic
+`{"type": "error", "error": {"type": <Anthropic ErrorType>, "message"}}` (overload is 529) and
+OpenAI `{"error": {"message", "type", "param", "code": <our error type>}}`. Both answer 400 where
+the native API answers 422 for a malformed body.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +40,12 @@ class InvalidRequest(ApiError):
     status, error_type = 400, "invalid_request"
 
 
+class InvalidToolSchema(ApiError):
+    """A declared tool's parameters are not a valid JSON schema of an object."""
+
+    status, error_type = 400, "invalid_tool_schema"
+
+
 class AuthenticationError(ApiError):
     status, error_type = 401, "authentication_error"
 
@@ -46,6 +58,12 @@ class InFlight(ApiError):
     """An idempotent retry arrived while the first request with that key is still running."""
 
     status, error_type = 409, "conflict"
+
+
+class UnknownModel(ApiError):
+    """A compatible request names a model that neither is served nor matches an alias."""
+
+    status, error_type = 404, "unknown_model"
 
 
 class EngineUnavailable(ApiError):
@@ -72,7 +90,9 @@ _STATUS: Mapping[str, int] = {
     se.InvalidTreeOperation.error_type: 400,
     se.StoreCorruption.error_type: 500,
     "request_too_long": 400,
+    "unknown_model": 404,
     "invalid_request": 400,
+    "invalid_tool_schema": 400,
     "kv_cache_exhausted": 503,
     "engine_shutdown": 503,
     "engine_unavailable": 503,
@@ -96,6 +116,58 @@ def error_body(error_type: str, message: str, request_id: str | None) -> dict[st
             "request_id": request_id}
 
 
+Dialect = Literal["native", "openai", "anthropic"]
+_ANTHROPIC_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
+    504: "timeout_error", 529: "overloaded_error"}
+_OPENAI_TYPES: Mapping[int, str] = {
+    401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+_OPENAI_CODES: Mapping[str, str] = {"request_too_long": "context_length_exceeded",
+                                    "unknown_model": "model_not_found"}
+
+
+def dialect_of(path: str, headers: Mapping[str, str]) -> Dialect:
+    """Which API's error envelope a request gets (`headers` with lower-case names)."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/chat/completions"):
+        return "openai"
+    if path == "/v1/models" or path.startswith("/v1/models/"):
+        return "anthropic" if "anthropic-version" in headers else "openai"
+    return "native"
+
+
+def wire_error(dialect: Dialect, status: int, error_type: str, message: str,
+               request_id: str | None) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of an error in `dialect`'s envelope; also the data of a streamed
+    error frame."""
+    if dialect == "native":
+        return status, error_body(error_type, message, request_id)
+    if status == 422:
+        status = 400
+    if dialect == "anthropic":
+        status = 529 if status == 503 else status
+        if error_type == "request_too_long":
+            message = f"prompt is too long: {message}"
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
+                                    "invalid_request_error")
+        return status, {"type": "error", "error": {"type": kind, "message": message},
+                        "request_id": request_id}
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else
+                             "invalid_request_error")
+    return status, {"error": {"message": message, "type": kind, "param": None,
+                              "code": _OPENAI_CODES.get(error_type, error_type)}}
+
+
+def exception_error(dialect: Dialect, exc: Exception, request_id: str | None
+                    ) -> tuple[int, dict[str, Any]]:
+    """`wire_error` of any exception (unknown ones are a 500 saying only "internal error")."""
+    status, error_type = status_for(exc)
+    message = str(exc) if error_type != "api_error" else "internal error"
+    return wire_error(dialect, status, error_type, message, request_id)
+
+
 def request_id_of(request: Request) -> str | None:
     value = request.scope.get("state", {}).get("request_id")
     return value if isinstance(value, str) else None
@@ -103,8 +175,9 @@ def request_id_of(request: Request) -> str | None:
 
 def _respond(request: Request, status: int, error_type: str, message: str,
              extra: Mapping[str, Any] | None = None) -> JSONResponse:
-    body = error_body(error_type, message, request_id_of(request))
-    if extra:
+    dialect = dialect_of(request.url.path, request.headers)
+    status, body = wire_error(dialect, status, error_type, message, request_id_of(request))
+    if extra and dialect == "native":
         body["error"].update(extra)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)

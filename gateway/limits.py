@@ -11,7 +11,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import RequestTooLarge, error_body
+from gateway.errors import Dialect, RequestTooLarge, dialect_of, wire_error
 
 
 class RequestLimits:
@@ -29,7 +29,8 @@ class RequestLimits:
         scope.setdefault("state", {})["request_id"] = request_id
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await self._reject(send, request_id)
+            names = {k.decode("latin-1").lower(): "" for k in headers}
+            await self._reject(send, request_id, dialect_of(scope.get("path", ""), names))
             return
         seen = 0
 
@@ -54,10 +55,11 @@ class RequestLimits:
     def _message(self) -> str:
         return f"the request body exceeds {self.max_body_bytes} bytes"
 
-    async def _reject(self, send: Send, request_id: str) -> None:
-        body = json.dumps(error_body(RequestTooLarge.error_type, self._message(),
-                                     request_id)).encode()
-        await send({"type": "http.response.start", "status": 413,
+    async def _reject(self, send: Send, request_id: str, dialect: Dialect) -> None:
+        status, error = wire_error(dialect, 413, RequestTooLarge.error_type, self._message(),
+                                   request_id)
+        body = json.dumps(error).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),
                                 (b"x-request-id", request_id.encode("latin-1"))]})

@@ -32,6 +32,11 @@ class GatewaySettings(BaseSettings):
     key_prefix: str = "rg:"
     insecure: bool = False  # allow a non-loopback host with no API key created
     engine_timeout_s: float = Field(default=600.0, gt=0)  # longest wait for one engine message
+    # Compatible routes (/v1/chat/completions, /v1/messages): requested model name -> served model
+    # ("" = the one served). A key ending in "*" matches by prefix, the longest one winning; exact
+    # keys are also listed by GET /v1/models. E.g. RADIXGATE_MODEL_ALIASES='{"claude-*": ""}'.
+    model_aliases: dict[str, str] = Field(
+        default_factory=lambda: {"claude-*": "", "gpt-*": "", "anthropic-*": ""})
 
     @property
     def is_loopback(self) -> bool:
@@ -42,6 +47,20 @@ class GatewaySettings(BaseSettings):
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return False
+
+    def resolve_model(self, requested: str, served: str) -> str | None:
+        """The model a compatible request naming `requested` runs on: `served` itself, an exact
+        alias, else the longest matching prefix alias; None when nothing matches."""
+        if requested == served:
+            return served
+        target = self.model_aliases.get(requested)
+        if target is None:
+            prefixes = [k for k in self.model_aliases
+                        if k.endswith("*") and requested.startswith(k[:-1])]
+            if not prefixes:
+                return None
+            target = self.model_aliases[max(prefixes, key=len)]
+        return target or served
 
     @property
     def auth_key_prefix(self) -> str:

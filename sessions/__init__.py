@@ -29,6 +29,7 @@ from sessions.models import (
     pack_token_ids,
     unpack_token_ids,
 )
+from sessions.path_index import PathIndex, PathMatch, path_hashes, root_path_hash
 from sessions.store import SessionStore
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "InvalidTreeOperation",
     "NewTurn",
     "NotFoundError",
+    "PathIndex",
+    "PathMatch",
     "Session",
     "SessionError",
     "SessionEvent",
@@ -52,5 +55,7 @@ __all__ = [
     "VersionConflict",
     "check_session_invariants",
     "pack_token_ids",
+    "path_hashes",
+    "root_path_hash",
     "unpack_token_ids",
 ]

@@ -15,8 +15,10 @@ slot and one Lua script can touch all of it. With the default prefix `rg:`:
                                    <h> = sha256(idempotency key)
     rg:{sid}:idem          ZSET    idempotency record keys scored by expiry ms (delete finds them)
     rg:{sid}:ev            STREAM  events, XADD MAXLEN ~ N
+    rg:{sid}:paths         HASH    path hash -> anchor turn id (`sessions.path_index`)
     rg:t:<tenant>:sessions ZSET    the tenant's session ids scored by created_ms (other slot:
                                    written after the session script, so it may briefly lag)
+    rg:t:<tenant>:paths    HASH    path hash -> session id (`sessions.path_index`; other slot)
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ class SessionKeys:
     def idem_index(self) -> str:
         return self.base + "idem"
 
+    @property
+    def paths(self) -> str:
+        return self.base + "paths"
+
     def turn(self, turn_id: str) -> str:
         return f"{self.base}t:{turn_id}"
 
@@ -122,3 +128,8 @@ class SessionKeys:
 def tenant_index_key(prefix: str, tenant: str) -> str:
     """ZSET of a tenant's session ids (not in any session's slot)."""
     return f"{prefix}t:{tenant}:sessions"
+
+
+def tenant_paths_key(prefix: str, tenant: str) -> str:
+    """HASH of a tenant's path hashes -> session id (not in any session's slot)."""
+    return f"{prefix}t:{tenant}:paths"

@@ -210,6 +210,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   keys[#keys + 1] = ARGV[1] .. 'ch:' .. id
 end
 for _, k in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do keys[#keys + 1] = k end
+keys[#keys + 1] = ARGV[1] .. 'paths'
 for i = 1, 5 do keys[#keys + 1] = KEYS[i] end
 for i = 1, #keys, 500 do
   redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys)))

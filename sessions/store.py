@@ -45,6 +45,7 @@ from sessions.keys import (
     tenant_index_key,
 )
 from sessions.models import DEFAULT_BRANCH, NewTurn, Session, Turn, pack_token_ids
+from sessions.path_index import PathIndex
 from sessions.reader import SessionReader
 
 
@@ -71,6 +72,7 @@ class SessionStore(SessionReader):
         self._fork: AsyncScript = redis.register_script(lua.FORK)
         self._rewind: AsyncScript = redis.register_script(lua.REWIND)
         self._delete: AsyncScript = redis.register_script(lua.DELETE)
+        self.paths = PathIndex(redis, key_prefix=key_prefix)  # deleted with each session
 
     # ---- mutations ------------------------------------------------------------------------
 
@@ -245,10 +247,12 @@ class SessionStore(SessionReader):
         Raises SessionNotFound (so a retried delete answers 404)."""
         keys = self.keys(session_id)
         check_tenant(tenant)
+        path_hashes = await self.paths.session_hashes(session_id)
         reply = await self._delete(keys=keys.fixed, args=[keys.base, tenant])
         if reply[0] != b"OK":
             raise_for_reply(reply, session_id)
         await self.redis.zrem(tenant_index_key(self.key_prefix, tenant), session_id)
+        await self.paths.forget(tenant, session_id, path_hashes)
 
     # ---- internals ------------------------------------------------------------------------
 

@@ -1,0 +1,50 @@
+"""Request models of `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages).
+
+Every model accepts unknown fields (`extra="allow"`): Claude Code sends `context_management`,
+`thinking`, `metadata`, `cache_control` and fields of betas this gateway never heard of, and a
+400 on any of them breaks the client (wire-formats.md §8). Content blocks stay plain dicts; the
+mapping reads the types it knows and rejects the ones it cannot render.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ToolSpec(_Open):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoiceSpec(_Open):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+class MessageParam(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class CountTokensRequest(_Open):
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoiceSpec | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(default=None, max_length=16)
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)

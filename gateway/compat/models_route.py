@@ -1,0 +1,47 @@
+"""`GET /v1/models` and `GET /v1/models/{model_id}` in the shape the caller expects.
+
+A request with an `anthropic-version` header gets Anthropic's list
+(`{"data": [{"type": "model", "id", "display_name", "created_at"}], "has_more", "first_id",
+"last_id"}`), any other the OpenAI list (`{"object": "list", "data": [{"id", "object": "model",
+"created", "owned_by"}]}`). Listed: the served model and every exact (non-wildcard) alias of
+`settings.model_aliases`; a wildcard alias resolves on retrieve and in requests but is not listed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header
+
+from gateway.compat.runner import CompatDep
+from gateway.deps import TenantDep
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+_EPOCH_ISO = "1970-01-01T00:00:00Z"  # no meaningful release date for a local model
+AnthropicVersionDep = Annotated[str | None, Header(alias="anthropic-version")]
+
+
+def _model(model_id: str, anthropic: bool) -> dict[str, Any]:
+    if anthropic:
+        return {"type": "model", "id": model_id, "display_name": model_id,
+                "created_at": _EPOCH_ISO}
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "radixgate"}
+
+
+@router.get("")
+async def list_models(tenant: TenantDep, compat: CompatDep,
+                      anthropic_version: AnthropicVersionDep = None) -> dict[str, Any]:
+    names = [compat.model, *(k for k, v in compat.settings.model_aliases.items()
+                             if not k.endswith("*") and k != compat.model
+                             and (v or compat.model) == compat.model)]
+    data = [_model(name, anthropic_version is not None) for name in names]
+    if anthropic_version is None:
+        return {"object": "list", "data": data}
+    return {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
+
+
+@router.get("/{model_id}")
+async def get_model(model_id: str, tenant: TenantDep, compat: CompatDep,
+                    anthropic_version: AnthropicVersionDep = None) -> dict[str, Any]:
+    compat.check_model(model_id)
+    return _model(model_id, anthropic_version is not None)

@@ -1,0 +1,152 @@
+"""One compatible request as a native turn: resolve the model, place the conversation in the tree,
+append the new messages through `TurnService`, and index the reply once it is stored.
+
+Generation options are mapped leniently where the APIs differ from the native limits: a
+`max_tokens` above `settings.max_tokens_limit` is capped (agents ask for 32k as a matter of
+course), while options the engine cannot honour are a 400 in the API's own envelope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from pydantic import ValidationError
+
+from gateway.compat.conversation import Conversation, ToolChoice
+from gateway.compat.placement import Placement, TreeMapper
+from gateway.errors import InvalidRequest, UnknownModel
+from gateway.schemas import AppendTurnRequest, GenerateOptions, Message, NamedToolChoice
+from gateway.schemas import ToolChoice as NativeToolChoice
+from gateway.settings import GatewaySettings
+from gateway.telemetry import Telemetry, traced_turn
+from gateway.tool_prompt import normalize_tools
+from gateway.turns import TurnEnded, TurnEvent, TurnService, TurnStarted
+
+SESSION_HEADER = "x-radixgate-session-id"
+TURN_HEADER = "x-radixgate-turn-id"
+MAX_STOP = 16
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    """A turn whose input is stored and whose generation is about to start. `events` yields the
+    rest of the turn (TextDelta ... TurnEnded); closing it aborts the engine request."""
+
+    placement: Placement
+    started: TurnStarted
+    events: AsyncGenerator[TurnEvent, None]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers naming the session and the input turn."""
+        return {SESSION_HEADER: self.placement.session_id,
+                "x-radixgate-input-turn-id": self.started.input_turn_id,
+                "x-radixgate-branch": self.placement.branch}
+
+
+class CompatService:
+    """Built per request from the app state; holds no state of its own."""
+
+    def __init__(self, turns: TurnService, settings: GatewaySettings, model: str,
+                 telemetry: Telemetry) -> None:
+        self.turns = turns
+        self.settings = settings
+        self.model = model
+        self.telemetry = telemetry
+        self.mapper = TreeMapper(turns.store, turns.renderer, model)
+
+    def check_model(self, requested: str) -> None:
+        """Raise UnknownModel (404) unless `requested` is served or an alias of it."""
+        if self.settings.resolve_model(requested, self.model) != self.model:
+            raise UnknownModel(f"model {requested!r} is not served here (this gateway serves "
+                               f"{self.model!r} and the aliases in RADIXGATE_MODEL_ALIASES)")
+
+    def count_tokens(self, conversation: Conversation) -> int:
+        """Prompt tokens of the conversation as a new session would hold them (no I/O)."""
+        renderer = self.turns.renderer
+        tools = normalize_tools(conversation.tools)
+        system_ids = renderer.system_token_ids(conversation.system, tools)
+        delta = renderer.input_token_ids(conversation.messages, system=conversation.system,
+                                         after_root=True, tools=tools)
+        return len(system_ids) + len(delta)
+
+    async def start(self, tenant: str, conversation: Conversation, *,
+                    session_hint: str | None) -> StartedTurn:
+        """Place the conversation and store its new messages as an input turn. Raises
+        UnknownModel, InvalidRequest and session / engine errors before anything streams."""
+        self.check_model(conversation.model)
+        normalize_tools(conversation.tools)  # InvalidToolSchema before anything is written
+        request = self._append_request(conversation)
+        placement = await self.mapper.place(tenant, conversation, session_hint=session_hint)
+        request = request.model_copy(update={
+            "branch": placement.branch, "parent_turn_id": placement.parent_turn_id,
+            "messages": [Message.model_validate(m) for m in placement.new_messages]})
+        events = traced_turn(self.telemetry, self.turns.run_turn(
+            tenant, placement.session_id, request, expected_version=None),
+            model=self.model, session_id=placement.session_id,
+            max_tokens=request.generate.max_tokens)
+        first = await anext(events)
+        assert isinstance(first, TurnStarted)
+        return StartedTurn(placement, first, self._indexed(tenant, placement, events))
+
+    def _append_request(self, conversation: Conversation) -> AppendTurnRequest:
+        gen = conversation.generation
+        if len(gen.stop) > MAX_STOP:
+            raise InvalidRequest(f"at most {MAX_STOP} stop sequences are supported")
+        try:
+            options = GenerateOptions(
+                max_tokens=min(gen.max_tokens, self.settings.max_tokens_limit),
+                temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, seed=gen.seed,
+                stop=list(gen.stop), tool_choice=_native_choice(gen.tool_choice))
+            return AppendTurnRequest(messages=[Message.model_validate(m)
+                                               for m in conversation.messages],
+                                     generate=options)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise InvalidRequest(f"{where}: {first.get('msg')}") from exc
+
+    async def _indexed(self, tenant: str, placement: Placement,
+                       events: AsyncGenerator[TurnEvent, None]
+                       ) -> AsyncGenerator[TurnEvent, None]:
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, TurnEnded):
+                    # Before the client sees the end: its next request must find this turn.
+                    await self.mapper.record_reply(tenant, placement, event.turn)
+                yield event
+
+
+def _native_choice(choice: ToolChoice | None) -> NativeToolChoice | None:
+    if choice is None:
+        return None
+    if choice.mode == "named":
+        return NamedToolChoice(name=choice.name or "")
+    return choice.mode
+
+
+async def final_turn(events: AsyncGenerator[TurnEvent, None]) -> TurnEnded:
+    """Drain a started turn's events; the TurnEnded at the end."""
+    async with aclosing(events):
+        async for event in events:
+            if isinstance(event, TurnEnded):
+                return event
+    raise AssertionError("run_turn ended without TurnEnded")
+
+
+def get_compat(request: Request) -> CompatService:
+    state = request.state
+    turns: TurnService = state.turns
+    settings: GatewaySettings = state.settings
+    model: str = state.model_name
+    telemetry: Telemetry = state.telemetry
+    return CompatService(turns, settings, model, telemetry)
+
+
+CompatDep = Annotated[CompatService, Depends(get_compat)]
+# Claude Code sends it on every request; it narrows the tree search to that agent session.
+SessionHintDep = Annotated[str | None, Header(alias="x-claude-code-session-id")]
