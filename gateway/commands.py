@@ -51,13 +51,16 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
     argv = ["--dtype", args.dtype, "--kv-memory", str(args.kv_memory),
             "--page-size", str(args.page_size), "--max-running", str(args.max_running),
             "--max-batch-tokens", str(args.max_batch_tokens),
-            "--attention-backend", args.attention_backend]
+            "--attention-backend", args.attention_backend, "--spec", args.spec,
+            "--max-draft-len", str(args.max_draft_len), "--device", args.device]
     if args.model:
         argv += ["--model", args.model]
     if args.threads:
         argv += ["--threads", str(args.threads)]
     if args.no_prefix_cache:
         argv.append("--no-prefix-cache")
+    if args.no_cuda_graphs:
+        argv.append("--no-cuda-graphs")
     return argv
 
 
