@@ -91,6 +91,10 @@ class Scheduler:
             num_tokens = min(req.num_remaining + len(req.draft_ids), budget)
             if num_tokens <= 0:
                 continue
+            if num_tokens > req.num_remaining and not self._reserve(
+                    req, req.num_computed + num_tokens, evict=False):
+                # Drafts are a bet: they never evict cache or preempt anyone for room.
+                num_tokens = min(req.num_remaining, budget)
             if not self._reserve_or_preempt(req, req.num_computed + num_tokens, items):
                 continue
             num_draft = max(0, num_tokens - req.num_remaining)
@@ -152,12 +156,12 @@ class Scheduler:
         req.phase = Phase.RUNNING
         return True
 
-    def _reserve(self, req: Request, target_len: int) -> bool:
+    def _reserve(self, req: Request, target_len: int, *, evict: bool = True) -> bool:
         need = -(-target_len // self.page_size) - len(req.page_ids)
         if need <= 0:
             return True
         short = need - self.pool.num_free_pages
-        if short > 0:
+        if short > 0 and evict:
             self.cache.evict(short)
         if self.pool.num_free_pages < need:
             return False

@@ -109,11 +109,13 @@ def test_concurrent_sessions_match_reference(loaded_model: LoadedModel) -> None:
     assert_pool_baseline(engine)
 
 
-def test_eviction_and_preemption_keep_outputs(loaded_model: LoadedModel) -> None:
-    # 24 pages of 16 tokens: four ~100-token prompts with 24 new tokens each cannot all fit.
+@pytest.mark.parametrize("spec", ["none", "suffix"])
+def test_eviction_and_preemption_keep_outputs(loaded_model: LoadedModel, spec: str) -> None:
+    # 20 pages of 16 tokens: four ~100-token prompts with 24 new tokens each cannot all fit.
     page_bytes = loaded_model.model.config.num_kv_values_per_token * 16 * 4
-    engine = Engine(loaded_model, EngineConfig(page_size=16, kv_memory_bytes=24 * page_bytes,
-                                               max_batch_tokens=128, check_invariants=True))
+    engine = Engine(loaded_model, EngineConfig(page_size=16, kv_memory_bytes=20 * page_bytes,
+                                               max_batch_tokens=128, check_invariants=True,
+                                               spec=spec))
     driver = TurnDriver(engine)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     long_text = " ".join(USER_TEXTS[3:6])
