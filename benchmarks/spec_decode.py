@@ -76,9 +76,11 @@ def workloads() -> dict[str, tuple[str, int]]:
     return {"edit": (edit, 256), "tool_call": (tool_call, 96), "prose": (prose, 160)}
 
 
-def decode_run(engine: Engine, ids: list[int], max_tokens: int) -> Finished:
-    engine.submit(Extend(uuid.uuid4().hex, "bench", None, ids,
-                         SamplingParams(max_tokens=max_tokens), session_id="bench"))
+def decode_run(engine: Engine, ids: list[int], max_tokens: int, run_key: str) -> Finished:
+    """One greedy request in a namespace and session of its own (`run_key`): the drafter must
+    not copy an earlier repeat's output from its session corpus or recent-outputs window."""
+    engine.submit(Extend(uuid.uuid4().hex, run_key, None, ids,
+                         SamplingParams(max_tokens=max_tokens), session_id=run_key))
     return next(m for m in engine.run_until_idle() if isinstance(m, Finished))
 
 
@@ -105,8 +107,8 @@ def measure(loaded: LoadedModel, repeats: int, with_peer: bool) -> dict[str, Any
         accepted_lens = []
         identical = True
         for r in range(repeats):
-            plain = decode_run(engines["none"], ids, max_tokens)
-            spec = decode_run(engines["suffix"], ids, max_tokens)
+            plain = decode_run(engines["none"], ids, max_tokens, f"{name}-{r}")
+            spec = decode_run(engines["suffix"], ids, max_tokens, f"{name}-{r}")
             identical &= spec.output_token_ids == plain.output_token_ids
             samples["plain"].append(decode_tok_s(plain))
             samples["spec"].append(decode_tok_s(spec))
