@@ -56,6 +56,12 @@ def sample_row(
     else:
         probs = filtered_probs(logits, params)
         token_id = int(torch.multinomial(probs, 1, generator=generator).item())
+    return with_logprobs(logits, token_id, params)
+
+
+def with_logprobs(logits: torch.Tensor, token_id: int, params: SamplingParams) -> TokenChoice:
+    """The choice of `token_id` from (vocab,) logits, with its logprob and the top logprobs when
+    `params.logprobs` asks for them (under the unmodified distribution)."""
     if params.logprobs is None:
         return TokenChoice(token_id)
     logprobs = torch.log_softmax(logits, dim=-1)

@@ -19,22 +19,11 @@ from collections.abc import Callable
 import torch
 
 from engine.constrained.base import TokenGrammar
-from engine.sampling import TokenChoice, filtered_probs, sample_row
+from engine.sampling import TokenChoice, filtered_probs, sample_row, with_logprobs
 from engine.sampling_params import SamplingParams
 
 # Masks one (1, vocab) logits row in place with the grammar's current allowed tokens.
 RowMasker = Callable[[torch.Tensor, TokenGrammar], None]
-
-
-def _with_logprobs(logits: torch.Tensor, token_id: int, params: SamplingParams) -> TokenChoice:
-    if params.logprobs is None:
-        return TokenChoice(token_id)
-    logprobs = torch.log_softmax(logits, dim=-1)
-    top: list[tuple[int, float]] = []
-    if params.logprobs > 0:
-        values, ids = torch.topk(logprobs, params.logprobs)
-        top = [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
-    return TokenChoice(token_id, float(logprobs[token_id].item()), top)
 
 
 def _accept_or_replace(row: torch.Tensor, draft_id: int, params: SamplingParams,
@@ -64,7 +53,7 @@ def verify_draft(logits: torch.Tensor, draft_ids: list[int], params: SamplingPar
         while num_accepted < num_draft and targets[num_accepted] == draft_ids[num_accepted]:
             num_accepted += 1
         tokens = targets[: num_accepted + 1]
-        return [_with_logprobs(logits[i], t, params) for i, t in enumerate(tokens)], num_accepted
+        return [with_logprobs(logits[i], t, params) for i, t in enumerate(tokens)], num_accepted
     choices: list[TokenChoice] = []
     walked = 0  # grammar steps taken here, undone before returning
     try:
@@ -72,7 +61,7 @@ def verify_draft(logits: torch.Tensor, draft_ids: list[int], params: SamplingPar
             if grammar is not None and mask is not None:
                 mask(logits[i : i + 1], grammar)
             token_id = _accept_or_replace(logits[i], draft_id, params, generator)
-            choices.append(_with_logprobs(logits[i], token_id, params))
+            choices.append(with_logprobs(logits[i], token_id, params))
             if token_id != draft_id:
                 return choices, i
             if grammar is not None:
