@@ -51,17 +51,11 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def redis_key_prefix(redis_url: str) -> Iterator[str]:
     """A fresh key prefix `test:<uuid>:` (no braces: they would steal the hash tag). Every key
     under it is deleted after the test, whatever the test left behind."""
-    import redis
+    from tests.redis_keys import delete_key_prefix  # deferred like `redis` above
 
     prefix = f"test:{uuid.uuid4().hex}:"
     yield prefix
-    client = redis.Redis.from_url(redis_url)
-    try:
-        stale = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for start in range(0, len(stale), 500):
-            client.unlink(*stale[start : start + 500])
-    finally:
-        client.close()
+    delete_key_prefix(redis_url, prefix)
 
 
 # ==== end Redis / Valkey ==========================================================================

@@ -15,7 +15,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-import redis
 import torch
 from redis.asyncio import Redis
 
@@ -26,6 +25,7 @@ from gateway.auth import KeyStore
 from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
 from sessions import SessionStore
+from tests.redis_keys import delete_key_prefix
 from tests.tiny_model import tiny_model
 
 PAGE_SIZE = 16  # EngineConfig's default, the granularity of the prefix cache
@@ -88,16 +88,6 @@ async def _create_keys(redis_url: str, settings: GatewaySettings) -> tuple[str, 
         await client.aclose()
 
 
-def _delete_prefix(redis_url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        stale = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for start in range(0, len(stale), 500):
-            client.unlink(*stale[start : start + 500])
-    finally:
-        client.close()
-
-
 @contextmanager
 def live_gateway(loaded: LoadedModel, redis_url: str, model_name: str) -> Iterator[Live]:
     """Serve `loaded` on a free port with two API keys; delete every key it wrote afterwards."""
@@ -110,7 +100,7 @@ def live_gateway(loaded: LoadedModel, redis_url: str, model_name: str) -> Iterat
                          kv_memory_bytes=128 << 20) as base_url:
             yield Live(base_url, key, other_key, redis_url, prefix)
     finally:
-        _delete_prefix(redis_url, prefix)
+        delete_key_prefix(redis_url, prefix)
 
 
 @pytest.fixture(scope="module")

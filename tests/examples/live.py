@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import redis
 import torch
 
 from engine.models.loader import load_model
 from gateway.local_server import serve_local
 from gateway.schemas import GenerateOptions
 from gateway.settings import GatewaySettings
+from tests.redis_keys import delete_key_prefix
 
 # Tool calls land with `generate.tool_choice` (issue 6); until then the tool-loop tests skip.
 HAS_TOOL_CALLS = "tool_choice" in GenerateOptions.model_fields
@@ -33,10 +33,4 @@ def real_model_gateway(redis_url: str) -> Iterator[str]:
                          kv_memory_bytes=256 << 20) as base_url:
             yield base_url
     finally:
-        client = redis.Redis.from_url(redis_url)
-        try:
-            stale = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if stale:
-                client.unlink(*stale)
-        finally:
-            client.close()
+        delete_key_prefix(redis_url, prefix)

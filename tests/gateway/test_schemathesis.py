@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
@@ -26,6 +25,7 @@ from engine.tokenizer import Tokenizer
 from gateway.app import create_app
 from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
+from tests.redis_keys import delete_key_prefix
 
 MAX_EXAMPLES = 25
 MAX_TOKENS_LIMIT = 8  # generated max_tokens above it are a 400; below, generation stays short
@@ -55,13 +55,7 @@ def live(redis_url: str, tiny_loaded: LoadedModel, tokenizer: Tokenizer) -> Iter
                     "generate": {"max_tokens": 2}}).json()
             yield Known(base_url, sid, turn["id"])
     finally:
-        sync = redis.Redis.from_url(redis_url)
-        try:
-            stale = list(sync.scan_iter(match=f"{prefix}*", count=1000))
-            if stale:
-                sync.unlink(*stale)
-        finally:
-            sync.close()
+        delete_key_prefix(redis_url, prefix)
 
 
 # The OpenAPI document needs no lifespan: build it from an app that never starts.

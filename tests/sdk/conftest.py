@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 import torch
 
 from engine.models.locate import embedded_gguf_path
 from engine.tokenizer import Tokenizer
 from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
+from tests.redis_keys import delete_key_prefix
 from tests.tiny_model import tiny_model
 
 MAX_BODY_BYTES = 8192
@@ -33,10 +33,4 @@ def live_server(redis_url: str) -> Iterator[str]:
                          kv_memory_bytes=64 << 20) as base_url:
             yield base_url
     finally:
-        sync_redis = redis.Redis.from_url(redis_url)
-        try:
-            stale = list(sync_redis.scan_iter(match=f"{prefix}*", count=1000))
-            if stale:
-                sync_redis.unlink(*stale)
-        finally:
-            sync_redis.close()
+        delete_key_prefix(redis_url, prefix)

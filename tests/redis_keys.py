@@ -1,0 +1,16 @@
+"""Deleting a test's Redis keys: every fixture that writes under a key prefix cleans up here."""
+
+from __future__ import annotations
+
+import redis
+
+
+def delete_key_prefix(redis_url: str, prefix: str) -> None:
+    """Delete every key under `prefix` (in batches of 500)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        stale = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(stale), 500):
+            client.unlink(*stale[start : start + 500])
+    finally:
+        client.close()
