@@ -14,7 +14,7 @@ clients send, so each HTTP call carries the current span's `traceparent` (and `t
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 try:
@@ -59,35 +59,33 @@ def inject_trace_headers(headers: MutableMapping[str, str]) -> None:
         TraceContextTextMapPropagator().inject(headers)
 
 
-@contextmanager
 def agent_span(agent_name: str, session_id: str, *,
-               tracer_provider: TracerProvider | None = None) -> Iterator[SpanHandle]:
+               tracer_provider: TracerProvider | None = None) -> AbstractContextManager[SpanHandle]:
     """`invoke_agent {agent_name}`, current for the body (so requests sent inside carry it).
     An exception leaving the body is recorded, sets `error.type` and status ERROR, and
     propagates."""
-    attributes: dict[str, AttributeValue] = {
-        "gen_ai.operation.name": "invoke_agent", "gen_ai.provider.name": PROVIDER,
-        "gen_ai.conversation.id": session_id}
-    if agent_name:
-        attributes["gen_ai.agent.name"] = agent_name
-    name = f"invoke_agent {agent_name}" if agent_name else "invoke_agent"
-    with _span(name, attributes, tracer_provider) as handle:
-        yield handle
+    return _invoke_span("invoke_agent", "gen_ai.agent.name", agent_name, session_id,
+                        tracer_provider)
 
 
-@contextmanager
 def workflow_span(workflow_name: str, session_id: str, *,
-                  tracer_provider: TracerProvider | None = None) -> Iterator[SpanHandle]:
+                  tracer_provider: TracerProvider | None = None
+                  ) -> AbstractContextManager[SpanHandle]:
     """`invoke_workflow {workflow_name}`: one agent-loop run (all its `invoke_agent`
     iterations and tool calls), so a run is one trace. Exceptions as in `agent_span`."""
+    return _invoke_span("invoke_workflow", "gen_ai.workflow.name", workflow_name, session_id,
+                        tracer_provider)
+
+
+def _invoke_span(operation: str, name_key: str, name: str, session_id: str,
+                 tracer_provider: TracerProvider | None) -> AbstractContextManager[SpanHandle]:
+    """`{operation} {name}` (or just `{operation}` unnamed) with the GenAI attributes."""
     attributes: dict[str, AttributeValue] = {
-        "gen_ai.operation.name": "invoke_workflow", "gen_ai.provider.name": PROVIDER,
+        "gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
         "gen_ai.conversation.id": session_id}
-    if workflow_name:
-        attributes["gen_ai.workflow.name"] = workflow_name
-    name = f"invoke_workflow {workflow_name}" if workflow_name else "invoke_workflow"
-    with _span(name, attributes, tracer_provider) as handle:
-        yield handle
+    if name:
+        attributes[name_key] = name
+    return _span(f"{operation} {name}" if name else operation, attributes, tracer_provider)
 
 
 @contextmanager
