@@ -64,9 +64,9 @@ class TorchPagedAttention:
         for extend_len in batch.extend_lens:
             self.row_starts.append(self.row_starts[-1] + extend_len)
         decodes = [i for i, n in enumerate(batch.extend_lens) if n == 1]
-        self.decode_items: list[int] = []
+        self.decode_items: frozenset[int] = frozenset()
         if self.fused_extend and len(decodes) >= self.min_batched_decodes:
-            self.decode_items = decodes
+            self.decode_items = frozenset(decodes)
             max_len = max(batch.context_lens[i] for i in decodes)
             padded = torch.zeros(len(decodes), max_len, dtype=torch.long)
             self.decode_valid = torch.zeros(len(decodes), max_len, dtype=torch.bool)
@@ -82,7 +82,7 @@ class TorchPagedAttention:
         flat_k, flat_v = self.pool.flat_k(layer_idx), self.pool.flat_v(layer_idx)
         flat_k[self.batch.slot_mapping] = k
         flat_v[self.batch.slot_mapping] = v
-        batched = set(self.decode_items)
+        batched = self.decode_items
         outs = []
         for i, slots in enumerate(self.gather_slots):
             if i in batched:

@@ -74,12 +74,10 @@ class ModelDrafter:
         return cls(draft, max_draft_len)
 
     def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
-        seqs = [self._sync(req) for req in requests]
-        live = [i for i, s in enumerate(seqs) if s is not None]
         drafts: list[list[int]] = [[] for _ in requests]
         # Extend each sequence by what it lacks (at least its last token), then decode greedily.
-        pending = {i: cast(_DraftSeq, seqs[i]) for i in live}
-        targets = {i: requests[i].all_ids for i in live}
+        pending = {i: self._sync(req) for i, req in enumerate(requests)}
+        targets = {i: req.all_ids for i, req in enumerate(requests)}
         for step in range(max(max_lens, default=0)):
             if not pending:
                 break
@@ -118,7 +116,7 @@ class ModelDrafter:
 
     # ----- internals -----
 
-    def _sync(self, req: Request) -> _DraftSeq | None:
+    def _sync(self, req: Request) -> _DraftSeq:
         """The request's draft sequence, cut back to the prefix it shares with the request
         (minus the last token, which is always re-run to get the next logits)."""
         seq = self._seqs.setdefault(req.request_id, _DraftSeq())
