@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,6 +28,7 @@ from engine.model_runner import ModelRunner
 from engine.models.loader import LoadedModel, place_model
 from engine.protocol import Extend, Failed, Finished, Message, Stats, Timings, TokenChunk
 from engine.sampling import TokenChoice, make_generator, sample_batch
+from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.factory import make_speculator
 from engine.spec.speculator import Speculator, Verified
@@ -169,29 +170,38 @@ class Engine:
             prompt = list(ref.token_ids) + prompt
         if not prompt:
             raise InvalidRequest("the request has no tokens")
-        if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
+        ids = prompt + list(extend.resume_output_ids)
+        if min(ids) < 0 or max(ids) >= cfg.vocab_size:
             raise InvalidRequest(f"token ids must be in [0, {cfg.vocab_size})")
-        total = len(prompt) + extend.sampling.max_tokens
-        if total > cfg.max_position_embeddings:
-            raise RequestTooLong(
-                f"{len(prompt)} prompt tokens + max_tokens {extend.sampling.max_tokens} exceed "
-                f"the model context of {cfg.max_position_embeddings}")
-        if -(-total // self.kv_pool.layout.page_size) > self.page_pool.num_pages:
-            raise RequestTooLong(
-                f"{total} tokens exceed the KV pool ({self.kv_pool.layout.num_tokens} tokens); "
-                "raise --kv-memory")
+        sampling = self._clamped(extend.sampling, len(prompt))
         stop_ids = set(extend.sampling.stop_token_ids)
         if not extend.sampling.ignore_eos:
             stop_ids.update(tok.stop_token_ids)
         grammar = None
         if extend.constraint is not None:
             grammar = self._grammar_for(extend.constraint, stop_ids)
-        return Request(
+        req = Request(
             request_id=extend.request_id, namespace=extend.namespace, prompt_ids=prompt,
-            params=extend.sampling, stop_ids=frozenset(stop_ids),
-            stopper=TextStopper(tok.stream_decoder(), extend.sampling.stop),
-            generator=make_generator(extend.sampling), arrival_s=self.clock(),
+            params=sampling, stop_ids=frozenset(stop_ids),
+            stopper=TextStopper(tok.stream_decoder(), sampling.stop),
+            generator=make_generator(sampling), arrival_s=self.clock(),
             bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar)
+        _resume(req, extend.resume_output_ids)
+        return req
+
+    def _clamped(self, sampling: SamplingParams, prompt_len: int) -> SamplingParams:
+        """`sampling` with max_tokens cut to the room left after the prompt (in the model context
+        and the KV pool), as hosted APIs do: the output then ends with finish reason "length".
+        Raises RequestTooLong when not even one output token fits."""
+        context_len = self.loaded.model.config.max_position_embeddings
+        room = min(context_len, self.kv_pool.layout.num_tokens) - prompt_len
+        if room < 1:
+            where = (f"the model context of {context_len}" if context_len <= prompt_len else
+                     f"the KV pool ({self.kv_pool.layout.num_tokens} tokens); raise --kv-memory")
+            raise RequestTooLong(f"{prompt_len} prompt tokens leave no room in {where}")
+        if sampling.max_tokens <= room:
+            return sampling
+        return replace(sampling, max_tokens=room)
 
     def _grammar_for(self, constraint: ToolConstraint, stop_ids: set[int]) -> XGrammarState:
         """Raises `InvalidRequest` without stop ids (the grammar needs an end) and
@@ -289,3 +299,19 @@ class Engine:
             bound_turn_id=req.bind_turn_id if bound_len else None, bound_token_len=bound_len,
             stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
             num_accepted=req.num_accepted)
+
+
+def _resume(req: Request, output_ids: list[int]) -> None:
+    """Replay an earlier attempt's output into `req` as if it had just been sampled (the grammar
+    and the stop-string state advance; the text it makes was sent before). Raises
+    InvalidRequest when that output could not have been generated under `req`'s limits."""
+    if len(output_ids) >= req.params.max_tokens:
+        raise InvalidRequest("resume_output_ids leave no room for max_tokens")
+    for token_id in output_ids:
+        if token_id in req.stop_ids or (req.grammar is not None
+                                        and not req.grammar.accept_token(token_id)):
+            raise InvalidRequest(f"resume_output_ids: token {token_id} cannot continue")
+        req.output_ids.append(token_id)
+        req.stopper.feed(token_id)
+        if req.stopper.stopped:
+            raise InvalidRequest("resume_output_ids already end with a stop string")

@@ -29,6 +29,10 @@ class Extend:
     bind_turn_id: str | None = None  # bind prompt + output to this turn id on finish
     session_id: str | None = None  # the session the request belongs to (drafting context)
     constraint: ToolConstraint | None = None  # tool-call grammar; None: unconstrained
+    # Output an earlier attempt of this request already produced (its worker died): it follows
+    # token_ids as output (counted in max_tokens, fed to stop strings and the grammar) and is
+    # not sent again; Finished.output_token_ids and .text include it.
+    resume_output_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def test_abort_frees_pages_and_keeps_cached_prefix(tiny: LoadedModel) -> None:
     (Extend("r", "ns", "no-such-turn", [1, 2], SamplingParams()), "unknown_parent"),
     (Extend("r", "ns", None, [], SamplingParams()), "invalid_request"),
     (Extend("r", "ns", None, [10**9], SamplingParams()), "invalid_request"),
-    (Extend("r", "ns", None, [1] * 4000, SamplingParams(max_tokens=500)), "request_too_long"),
+    (Extend("r", "ns", None, [1] * 4096, SamplingParams(max_tokens=8)), "request_too_long"),
 ])
 def test_bad_requests_fail_cleanly(tiny: LoadedModel, extend: Extend, error_type: str) -> None:
     engine = make_engine(tiny)
