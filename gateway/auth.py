@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
@@ -24,7 +25,8 @@ def hash_key(key: str) -> str:
 
 
 def parse_credentials(authorization: str | None, x_api_key: str | None) -> str | None:
-    """The presented key from `Authorization: Bearer KEY` or `x-api-key: KEY`, else None."""
+    """The presented key from `Authorization: Bearer KEY` or `x-api-key: KEY`, else None.
+    Raises AuthenticationError for another Authorization scheme."""
     if x_api_key:
         return x_api_key.strip()
     if authorization:
@@ -59,16 +61,35 @@ class KeyStore:
     async def has_keys(self) -> bool:
         return bool(await self.redis.scard(f"{self.prefix}keys"))
 
-    async def tenant_of(self, key: str | None, *, open_access: bool) -> str:
-        """The tenant of `key`. With no key presented: LOCAL_TENANT when `open_access` and no key
-        exists, else AuthenticationError. A wrong key is always an AuthenticationError."""
+    async def tenant_of(self, key: str | None, policy: AccessPolicy) -> str:
+        """The tenant of a presented `key` (None: no key) under `policy`, in one round trip.
+
+        Open access (no `policy.api_key`, no stored key, `policy.allow_open`): every request is
+        LOCAL_TENANT, whatever key it presents, as vLLM and llama.cpp serve any key when started
+        without one. Otherwise the key must be `policy.api_key` (LOCAL_TENANT) or a stored key;
+        anything else raises AuthenticationError."""
+        if policy.api_key is not None and key is not None and hmac.compare_digest(
+                hash_key(key), hash_key(policy.api_key)):
+            return LOCAL_TENANT
+        digest = hash_key(key) if key is not None else ""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(f"{self.prefix}key:{digest}")
+            pipe.scard(f"{self.prefix}keys")
+            stored, num_keys = await pipe.execute()
+        if stored is not None and key is not None:
+            return stored.decode() if isinstance(stored, bytes) else str(stored)
+        if policy.api_key is None and not num_keys and policy.allow_open:
+            return LOCAL_TENANT
         if key is None:
-            if open_access and not await self.has_keys():
-                return LOCAL_TENANT
             raise AuthenticationError("an API key is required (Authorization: Bearer or x-api-key)")
-        digest = hash_key(key)
-        stored = await self.redis.get(f"{self.prefix}key:{digest}")
-        # The lookup is by hash, so timing reveals nothing of the key; compare anyway for clarity.
-        if stored is None or not hmac.compare_digest(digest, hash_key(key)):
-            raise AuthenticationError("invalid API key")
-        return stored.decode() if isinstance(stored, bytes) else str(stored)
+        raise AuthenticationError("invalid API key")
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """Who may call. `api_key`: a key given at start (`--api-key`), which enforces keys even
+    when none is stored. `allow_open`: open access is allowed at all (a loopback host, or
+    `--insecure`); it is in effect while no key is stored."""
+
+    api_key: str | None
+    allow_open: bool

@@ -11,7 +11,7 @@ from fastapi import Depends, Header, Request
 
 from gateway.auth import KeyStore, parse_credentials
 from gateway.engine_link import EngineLink
-from gateway.errors import InvalidRequest
+from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.idempotency import IdempotencyStore
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Telemetry
@@ -56,10 +56,14 @@ async def get_tenant(
 ) -> str:
     """The caller's tenant (401 `authentication_error` without a valid key where one is needed)."""
     keys: KeyStore = request.state.keys
-    settings = get_settings(request)
-    open_access = settings.is_loopback or settings.insecure
-    return await keys.tenant_of(parse_credentials(authorization, x_api_key),
-                                open_access=open_access)
+    policy = get_settings(request).access_policy
+    try:
+        key = parse_credentials(authorization, x_api_key)
+    except AuthenticationError:
+        if policy.api_key is not None or not policy.allow_open:
+            raise
+        key = None  # open access takes any credentials; a key store may still reject them
+    return await keys.tenant_of(key, policy)
 
 
 def get_expected_version(
