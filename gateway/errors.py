@@ -18,6 +18,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError, ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import EngineError
@@ -70,6 +71,12 @@ class EngineUnavailable(ApiError):
     status, error_type = 503, "engine_unavailable"
 
 
+class StoreUnavailable(ApiError):
+    """The session store (Redis/Valkey) does not answer; `serve` restarts an embedded one."""
+
+    status, error_type = 503, "store_unavailable"
+
+
 class EngineFailure(ApiError):
     """The engine answered `Failed`; `error_type` is the engine's (e.g. request_too_long)."""
 
@@ -99,7 +106,24 @@ _STATUS: Mapping[str, int] = {
     "unknown_parent": 503,
     "model_not_found": 500,
     "unsupported_model": 500,
+    "store_unavailable": 503,
 }
+# Seconds a client should wait before retrying a 503 of this type (the `Retry-After` header).
+RETRY_AFTER_S: Mapping[str, int] = {"store_unavailable": 1, "engine_unavailable": 5,
+                                    "engine_shutdown": 5, "kv_cache_exhausted": 2,
+                                    "unknown_parent": 1, "turn_interrupted": 1}
+# Replies of a server that is up but cannot serve yet (loading its AOF, out of memory, ...).
+_STORE_BUSY = ("LOADING", "BUSY", "MISCONF", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN")
+
+
+def is_store_outage(exc: BaseException) -> bool:
+    """True for a Redis error that means the store is down or not ready (a connection error,
+    a timeout, LOADING...), as opposed to a bug in a command."""
+    if not isinstance(exc, RedisError):
+        return False
+    if isinstance(exc, ResponseError):
+        return str(exc).startswith(_STORE_BUSY)
+    return True
 
 
 def status_for(exc: Exception) -> tuple[int, str]:
@@ -108,7 +132,31 @@ def status_for(exc: Exception) -> tuple[int, str]:
         return _STATUS.get(exc.error_type, exc.status), exc.error_type
     if isinstance(exc, se.SessionError | EngineError):
         return _STATUS.get(exc.error_type, 500), exc.error_type
+    if is_store_outage(exc):
+        return 503, StoreUnavailable.error_type
     return 500, "api_error"
+
+
+def error_message(exc: Exception, error_type: str) -> str:
+    """The message a client sees: an internal error's text is never shown."""
+    if error_type == "api_error":
+        return "internal error"
+    if error_type == StoreUnavailable.error_type and not isinstance(exc, ApiError):
+        return "the session store is unavailable; retry shortly"
+    return str(exc)
+
+
+def is_retryable(status: int) -> bool:
+    """Whether the same request may succeed later (what an SSE `error` event's `retryable`
+    says; HTTP answers say it with their status and `Retry-After`)."""
+    return status in (408, 429) or status >= 500
+
+
+def retry_headers(status: int, error_type: str) -> dict[str, str] | None:
+    """`Retry-After` for errors a retry can cure (503 and Anthropic's 529)."""
+    if status not in (503, 529):
+        return None
+    return {"Retry-After": str(RETRY_AFTER_S.get(error_type, 1))}
 
 
 def error_body(error_type: str, message: str, request_id: str | None) -> dict[str, Any]:
@@ -164,8 +212,7 @@ def exception_error(dialect: Dialect, exc: Exception, request_id: str | None
                     ) -> tuple[int, dict[str, Any]]:
     """`wire_error` of any exception (unknown ones are a 500 saying only "internal error")."""
     status, error_type = status_for(exc)
-    message = str(exc) if error_type != "api_error" else "internal error"
-    return wire_error(dialect, status, error_type, message, request_id)
+    return wire_error(dialect, status, error_type, error_message(exc, error_type), request_id)
 
 
 def request_id_of(request: Request) -> str | None:
@@ -179,7 +226,8 @@ def _respond(request: Request, status: int, error_type: str, message: str,
     status, body = wire_error(dialect, status, error_type, message, request_id_of(request))
     if extra and dialect == "native":
         body["error"].update(extra)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else retry_headers(status,
+                                                                               error_type)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -190,7 +238,7 @@ async def _on_known(request: Request, exc: Exception) -> JSONResponse:
         extra = {"current_head": exc.current_head, "version": exc.version}
     elif isinstance(exc, se.VersionConflict):
         extra = {"version": exc.current}
-    return _respond(request, status, error_type, str(exc), extra)
+    return _respond(request, status, error_type, error_message(exc, error_type), extra)
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
@@ -211,7 +259,8 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    return _respond(request, 500, "api_error", "internal error")
+    status, error_type = status_for(exc)  # a store outage is a 503, anything else a 500
+    return _respond(request, status, error_type, error_message(exc, error_type))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -219,6 +268,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _on_known)
     app.add_exception_handler(se.SessionError, _on_known)
     app.add_exception_handler(EngineError, _on_known)
+    app.add_exception_handler(RedisError, _on_known)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(Exception, _on_unexpected)

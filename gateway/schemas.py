@@ -178,6 +178,8 @@ class Readiness(BaseModel):
     model: str | None = None
     engine_pid: int | None = None
     engine_restarts: int = 0
+    store_pid: int | None = None  # the embedded Valkey's, when `serve` started one
+    store_restarts: int = 0
     num_running: int | None = None
     num_free_pages: int | None = None
     prefix_hit_rate: float | None = None

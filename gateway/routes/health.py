@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from engine.errors import EngineError
 from gateway.deps import EngineDep, SessionStoreDep
 from gateway.schemas import Health, Readiness
+from gateway.store_supervisor import StoreSupervisor
 
 router = APIRouter(tags=["health"])
 
@@ -19,14 +20,17 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(store: SessionStoreDep, engine: EngineDep) -> JSONResponse:
+async def readyz(request: Request, store: SessionStoreDep, engine: EngineDep) -> JSONResponse:
     """200 when Redis answers PING and the engine answers a stats request; else 503."""
     try:
         redis_ok = bool(await store.redis.ping())
     except RedisError:
         redis_ok = False
+    supervisor: StoreSupervisor | None = request.state.store_supervisor
     ready = Readiness(status="unavailable", redis=redis_ok, engine=False,
-                      engine_pid=engine.pid, engine_restarts=engine.restarts)
+                      engine_pid=engine.pid, engine_restarts=engine.restarts,
+                      store_pid=supervisor.pid if supervisor else None,
+                      store_restarts=supervisor.num_restarts if supervisor else 0)
     try:
         stats = await engine.client.stats(timeout_s=5.0)
     except (EngineError, TimeoutError):
@@ -37,4 +41,6 @@ async def readyz(store: SessionStoreDep, engine: EngineDep) -> JSONResponse:
             "num_free_pages": stats.num_free_pages, "prefix_hit_rate": stats.hit_rate})
     if ready.redis and ready.engine:
         ready = ready.model_copy(update={"status": "ok"})
-    return JSONResponse(ready.model_dump(), status_code=200 if ready.status == "ok" else 503)
+    if ready.status == "ok":
+        return JSONResponse(ready.model_dump())
+    return JSONResponse(ready.model_dump(), status_code=503, headers={"Retry-After": "1"})
