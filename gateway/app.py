@@ -27,6 +27,7 @@ from gateway.limits import RequestLimits
 from gateway.rendering import TurnRenderer
 from gateway.routes import health, metrics, sessions
 from gateway.settings import GatewaySettings
+from gateway.store_supervisor import StoreSupervisor
 from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
 from observability import ServerSpanMiddleware, build_tracer_provider
@@ -43,13 +44,15 @@ class State(TypedDict):
     turns: TurnService
     model_name: str
     telemetry: Telemetry
+    store_supervisor: StoreSupervisor | None  # the embedded Valkey's, when `serve` owns one
 
 
 def create_app(settings: GatewaySettings | None = None, *,
                engine_client: EngineClient | EngineLink | None = None,
                redis: Redis | None = None, tokenizer: Tokenizer | None = None,
                model_name: str | None = None,
-               tracer_provider: TracerProvider | None = None) -> FastAPI:
+               tracer_provider: TracerProvider | None = None,
+               store_supervisor: StoreSupervisor | None = None) -> FastAPI:
     """Build the app. Without `engine_client`, the lifespan connects to `settings.engine_url`
     (required then). Without `redis`, it opens `settings.redis_url` (required then). Without
     `tokenizer`, it loads the one of `settings.model` (the embedded model by default). Without
@@ -76,12 +79,13 @@ def create_app(settings: GatewaySettings | None = None, *,
                         keys=KeyStore(client, settings.auth_key_prefix),
                         idempotency=IdempotencyStore(client, settings.key_prefix),
                         engine=link, turns=turns, model_name=name,
-                        telemetry=Telemetry.create(provider))
+                        telemetry=Telemetry.create(provider),
+                        store_supervisor=store_supervisor)
         finally:
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters
             if engine_client is None:
-                await link.client.close()
+                await link.close()
             if owned_redis:
                 await client.aclose()
 

@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 
 from gateway.auth import KeyStore
 from gateway.errors import InvalidRequest
-from gateway.serve import read_pids, serve
+from gateway.serve import StoreNotFound, embedded_data_dir, find_store_url, serve
 from gateway.settings import GatewaySettings
-from sessions.embedded import EmbeddedValkey
+from sessions.embedded import EmbeddedServerError, EmbeddedValkey
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,6 +27,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="embedded Valkey data and pid files (default ~/.radixgate)")
     s.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback host with no API key created")
+    s.add_argument("--api-key", default=None,
+                   help="enforce API keys; this one is the local tenant's (RADIXGATE_API_KEY)")
+    s.add_argument("--redis-url", default=None,
+                   help="use this Redis/Valkey instead of an embedded one (RADIXGATE_REDIS_URL)")
     add_engine_args(s)
     s.set_defaults(func=serve_main)
 
@@ -34,13 +38,17 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ksub = k.add_subparsers(dest="keys_command", required=True)
     c = ksub.add_parser("create", help="create a key for a tenant; prints it once")
     c.add_argument("--tenant", required=True)
-    c.add_argument("--state-dir", type=Path, default=None)
+    c.add_argument("--state-dir", type=Path, default=None,
+                   help="the state dir of the server whose store gets the key (default "
+                   "~/.radixgate, as for `serve`)")
+    c.add_argument("--redis-url", default=None,
+                   help="write into this Redis/Valkey instead (a server started with it)")
     c.set_defaults(func=keys_create_main)
 
 
 def _settings(args: argparse.Namespace) -> GatewaySettings:
     overrides: dict[str, Any] = {
-        name: value for name in ("host", "port", "state_dir", "model")
+        name: value for name in ("host", "port", "state_dir", "model", "api_key", "redis_url")
         if (value := getattr(args, name, None)) is not None}
     if getattr(args, "insecure", False):
         overrides["insecure"] = True
@@ -71,34 +79,30 @@ def serve_main(args: argparse.Namespace) -> int:
 def keys_create_main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     try:
-        key = asyncio.run(_create_key(settings, args.tenant))
-    except InvalidRequest as exc:
+        key, where = asyncio.run(_create_key(settings, args.tenant))
+    except (InvalidRequest, StoreNotFound, EmbeddedServerError) as exc:
         print(f"radixgate keys: error: {exc}", file=sys.stderr)
         return 2
     print(key)
-    print(f"radixgate keys: created a key for tenant {args.tenant!r}; it is not shown again",
-          file=sys.stderr)
+    print(f"radixgate keys: created a key for tenant {args.tenant!r} in {where}; it is not "
+          "shown again", file=sys.stderr)
     return 0
 
 
-async def _create_key(settings: GatewaySettings, tenant: str) -> str:
-    url = settings.redis_url or read_pids(settings).get("valkey_url")
+async def _create_key(settings: GatewaySettings, tenant: str) -> tuple[str, str]:
+    """(the new key, a description of the store it went to)."""
+    url = await find_store_url(settings)
     valkey: EmbeddedValkey | None = None
-    redis: Redis | None = None
+    if url is not None:
+        where = f"the store of the running server ({url})"
+    else:  # no server runs on this state dir: write into its embedded store's AOF directly
+        valkey = EmbeddedValkey(embedded_data_dir(settings), appendfsync="always").start()
+        url = valkey.url
+        where = f"the embedded store under {valkey.data_dir} (no server is running)"
+    redis = Redis.from_url(url)
     try:
-        if url is not None:
-            redis = Redis.from_url(str(url))
-            try:
-                await redis.ping()
-            except Exception:  # noqa: BLE001 - a stale URL of a stopped serve
-                await redis.aclose()
-                redis = None
-        if redis is None:
-            valkey = EmbeddedValkey(settings.state_dir / "valkey").start()
-            redis = Redis.from_url(valkey.url)
-        return await KeyStore(redis, settings.auth_key_prefix).create(tenant)
+        return await KeyStore(redis, settings.auth_key_prefix).create(tenant), where
     finally:
-        if redis is not None:
-            await redis.aclose()
+        await redis.aclose()
         if valkey is not None:
             valkey.stop()

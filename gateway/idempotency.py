@@ -1,9 +1,14 @@
 """`Idempotency-Key` for gateway POSTs: a replay returns the first response.
 
-One record per (tenant, key) under `{prefix}gw:idem:`: "P<hash>" while the first request runs,
-then "D<hash>\\n<status>\\n<json body>". Same key + same request hash → the stored response (or 409
-while in flight); a different request hash → 422 `idempotency_conflict`. Failed requests drop
-their record, so a retry runs again.
+One record per (tenant, key) under `{prefix}gw:idem:`:
+
+    P<hash>                    the first request is running (a retry gets 409 `conflict`)
+    D<hash>\\n<status>\\n<json>   it finished: a retry gets this response
+    R<hash>\\n<json>             a stream was interrupted (its engine worker died): the first
+                               retry claims it (back to P) and continues the turn from the state
+
+Same key + same request hash → the outcome above; a different request hash → 422
+`idempotency_conflict`. Failed requests drop their record, so a retry runs again.
 """
 
 from __future__ import annotations
@@ -11,15 +16,33 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from gateway.errors import InFlight, InvalidRequest
 from sessions.errors import IdempotencyConflict
 
 IDEMPOTENCY_TTL_S = 24 * 3600
+# A running request's claim lapses after this, so a gateway that died mid-request does not hold
+# its key for a day (no turn runs this long: engine_timeout_s bounds each engine message).
+IN_FLIGHT_TTL_S = 3600
 _MAX_KEY_LEN = 200
+
+# KEYS[1] record; ARGV[1] request hash, ARGV[2] TTL. A new or interrupted record becomes "P".
+_CLAIM = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], 'P' .. ARGV[1], 'EX', ARGV[2])
+  return {'NEW', ''}
+end
+if string.sub(cur, 2, 65) ~= ARGV[1] then return {'CONFLICT', ''} end
+local kind = string.sub(cur, 1, 1)
+if kind == 'R' then redis.call('SET', KEYS[1], 'P' .. ARGV[1], 'EX', ARGV[2]) end
+return {kind, cur}
+"""
 
 
 def request_hash(method: str, path: str, body: Any) -> str:
@@ -27,10 +50,29 @@ def request_hash(method: str, path: str, body: Any) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Claim:
+    """This request runs; it must end its record with `finish`, `interrupt` or `abandon`.
+    `state` is an interrupted earlier run's (to continue from), else None."""
+
+    rkey: str
+    req_hash: str
+    state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The first request with this key finished: answer its response."""
+
+    status: int
+    body: Any
+
+
 class IdempotencyStore:
     def __init__(self, redis: Redis, prefix: str) -> None:
         self.redis = redis
         self.prefix = f"{prefix}gw:idem:"
+        self._claim: AsyncScript = redis.register_script(_CLAIM)
 
     async def run(self, tenant: str, key: str | None, req_hash: str,
                   compute: Callable[[], Awaitable[tuple[int, Any]]]) -> tuple[int, Any]:
@@ -39,28 +81,48 @@ class IdempotencyStore:
         Raises InvalidRequest (bad key), InFlight (409), IdempotencyConflict (422)."""
         if key is None:
             return await compute()
-        if not key or len(key) > _MAX_KEY_LEN or not key.isprintable():
-            raise InvalidRequest(f"Idempotency-Key must be 1-{_MAX_KEY_LEN} printable characters")
-        rkey = f"{self.prefix}{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
-        if not await self.redis.set(rkey, "P" + req_hash, nx=True, ex=IDEMPOTENCY_TTL_S):
-            return await self._replay(rkey, req_hash)
+        outcome = await self.claim(tenant, key, req_hash)
+        if isinstance(outcome, Replay):
+            return outcome.status, outcome.body
         try:
             status, body = await compute()
         except BaseException:
-            await self.redis.delete(rkey)
+            await self.abandon(outcome)
             raise
-        record = f"D{req_hash}\n{status}\n{json.dumps(body)}"
-        await self.redis.set(rkey, record, ex=IDEMPOTENCY_TTL_S)
+        await self.finish(outcome, status, body)
         return status, body
 
-    async def _replay(self, rkey: str, req_hash: str) -> tuple[int, Any]:
-        raw = await self.redis.get(rkey)
-        if raw is None:
-            raise InFlight("the first request with this Idempotency-Key just failed; retry")
+    async def claim(self, tenant: str, key: str, req_hash: str) -> Claim | Replay:
+        """Take `key` for this request, or learn how its first request ended.
+        Raises InvalidRequest (bad key), InFlight (409), IdempotencyConflict (422)."""
+        if not key or len(key) > _MAX_KEY_LEN or not key.isprintable():
+            raise InvalidRequest(f"Idempotency-Key must be 1-{_MAX_KEY_LEN} printable characters")
+        rkey = f"{self.prefix}{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+        kind, raw = await self._claim(keys=[rkey], args=[req_hash, IN_FLIGHT_TTL_S])
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
         record = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if record[1:65] != req_hash:
+        if kind == "NEW":
+            return Claim(rkey, req_hash)
+        if kind == "CONFLICT":
             raise IdempotencyConflict(None)
-        if record[0] == "P":
+        if kind == "P":
             raise InFlight("a request with this Idempotency-Key is still in flight")
+        if kind == "R":
+            state: dict[str, Any] = json.loads(record.split("\n", 1)[1])
+            return Claim(rkey, req_hash, state)
         _, status, body = record.split("\n", 2)
-        return int(status), json.loads(body)
+        return Replay(int(status), json.loads(body))
+
+    async def finish(self, claim: Claim, status: int, body: Any) -> None:
+        """Record the response that every retry with this key gets."""
+        record = f"D{claim.req_hash}\n{status}\n{json.dumps(body)}"
+        await self.redis.set(claim.rkey, record, ex=IDEMPOTENCY_TTL_S)
+
+    async def interrupt(self, claim: Claim, state: dict[str, Any]) -> None:
+        """Keep `state` for the retry that continues this request."""
+        record = f"R{claim.req_hash}\n{json.dumps(state)}"
+        await self.redis.set(claim.rkey, record, ex=IDEMPOTENCY_TTL_S)
+
+    async def abandon(self, claim: Claim) -> None:
+        """The request failed: free the key, so a retry runs again."""
+        await self.redis.delete(claim.rkey)

@@ -1,8 +1,10 @@
 """`radixgate serve`: embedded Valkey (when no Redis URL), one engine worker, and uvicorn.
 
-Children: the Valkey server (AOF under `<state_dir>/valkey`) and the engine worker. Their pids go to
-`<state_dir>/serve.json`; a later `serve` on the same state dir stops leftovers of a killed one
-(SIGTERM: Valkey flushes its AOF) before starting its own.
+Children: the Valkey server (AOF under `<state_dir>/valkey`) and the engine worker, each
+restarted when it dies and each dying with `serve` (a parent-death signal on Linux). Their pids
+and Valkey's URL go to `<state_dir>/serve.json`, which is how `radixgate keys` finds the store;
+a later `serve` on the same state dir stops leftovers of a killed one (SIGTERM: Valkey flushes
+its AOF) before starting its own.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import Any
 
 import uvicorn
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.settings import GatewaySettings
+from gateway.store_supervisor import StoreSupervisor
 from gateway.worker import EngineSupervisor
-from sessions.embedded import EmbeddedValkey
+from sessions.embedded import EmbeddedServerError, EmbeddedValkey
 
 
 class ServeError(RuntimeError):
@@ -40,6 +44,51 @@ def read_pids(settings: GatewaySettings) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+class StoreNotFound(RuntimeError):
+    """No session store can be found for the given settings (the message says what to do)."""
+
+
+def embedded_data_dir(settings: GatewaySettings) -> Path:
+    """Where the embedded Valkey of `settings.state_dir` keeps its AOF."""
+    return (settings.state_dir / "valkey").resolve()
+
+
+async def find_store_url(settings: GatewaySettings) -> str | None:
+    """The URL of the store `serve` uses with these settings: `settings.redis_url`, else the
+    running embedded Valkey recorded in `<state_dir>/serve.json` (checked to be the one serving
+    this state dir), else None when no server runs there but its embedded store exists on disk.
+    Raises StoreNotFound when a given URL does not answer or there is no store at all."""
+    if settings.redis_url is not None:
+        if await _data_dir_of(settings.redis_url) is None:
+            raise StoreNotFound(f"the store at {settings.redis_url} does not answer")
+        return settings.redis_url
+    data_dir = embedded_data_dir(settings)
+    url = read_pids(settings).get("valkey_url")
+    if isinstance(url, str) and await _data_dir_of(url) == str(data_dir):
+        return url
+    if _alive_and_ours(read_pids(settings).get("valkey_pid"), ("valkey", "redis")):
+        raise StoreNotFound(f"the embedded Valkey of {settings.state_dir} is restarting; retry")
+    if not data_dir.is_dir():
+        raise StoreNotFound(
+            f"no radixgate store under {settings.state_dir}: start `radixgate serve "
+            f"--state-dir {settings.state_dir}` once (it creates one), or pass --redis-url")
+    return None
+
+
+async def _data_dir_of(url: str) -> str | None:
+    """The `dir` of the server at `url`, or None when nothing answers there."""
+    redis = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
+                           decode_responses=True)
+    try:
+        reply = await redis.config_get("dir")
+    except RedisError:
+        return None
+    finally:
+        await redis.aclose()
+    value = reply.get("dir")
+    return str(value) if value else None
 
 
 def _write_pids(settings: GatewaySettings, **values: Any) -> None:
@@ -74,60 +123,80 @@ def stop_leftovers(settings: GatewaySettings) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-async def _check_keys(settings: GatewaySettings, redis: Redis) -> None:
-    if settings.is_loopback or settings.insecure:
-        return
-    if not await KeyStore(redis, settings.auth_key_prefix).has_keys():
+async def _access_banner(settings: GatewaySettings, redis: Redis) -> str:
+    """What `serve` says about access at start. Raises ServeError for a non-loopback host with
+    no key at all (unless --insecure)."""
+    policy = settings.access_policy
+    if policy.api_key is not None:
+        return "API keys enforced (--api-key, and any key made by `radixgate keys create`)"
+    if await KeyStore(redis, settings.auth_key_prefix).has_keys():
+        return "API keys enforced (keys made by `radixgate keys create`)"
+    if not policy.allow_open:
         raise ServeError(
-            f"refusing to serve on {settings.host} without any API key: create one with "
-            "`radixgate keys create --tenant NAME`, or pass --insecure")
+            f"refusing to serve on {settings.host} without any API key: pass --api-key KEY, "
+            "create one with `radixgate keys create --tenant NAME`, or pass --insecure")
+    return ("open access: no API key is stored, so every request (with any key or none) is "
+            "tenant 'local'; `radixgate keys create --tenant NAME` or --api-key enforces keys")
+
+
+class _Stop(BaseException):
+    """SIGTERM/SIGINT outside uvicorn's own handling (start-up, or uvicorn re-raising the signal
+    after its graceful shutdown): unwinds through every `finally`, so the children stop."""
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise _Stop(signum)
 
 
 async def _serve(settings: GatewaySettings, engine_args: list[str]) -> None:
+    store: StoreSupervisor | None = None
+    if settings.redis_url is None:
+        valkey = EmbeddedValkey(embedded_data_dir(settings), appendfsync="always",
+                                die_with_parent=True).start()
+        store = StoreSupervisor(valkey, on_spawn=lambda pid: _write_pids(
+            settings, valkey_pid=pid, valkey_url=valkey.url))
+        store.start()
+        print(f"radixgate serve: embedded Valkey at {valkey.url} (AOF with appendfsync always "
+              f"under {valkey.data_dir}; restarted if it dies)", file=sys.stderr, flush=True)
+        settings = settings.model_copy(update={"redis_url": valkey.url})
     assert settings.redis_url is not None
     redis = Redis.from_url(settings.redis_url)
     supervisor = EngineSupervisor(engine_args, timeout_s=settings.engine_timeout_s,
+                                  restart_timeout_s=settings.engine_restart_timeout_s,
                                   on_spawn=lambda pid: _write_pids(settings, engine_pid=pid))
     try:
-        await _check_keys(settings, redis)
+        banner = await _access_banner(settings, redis)
+        print(f"radixgate serve: {banner}", file=sys.stderr, flush=True)
         link = await supervisor.start()
-        app = create_app(settings, engine_client=link, redis=redis)
+        app = create_app(settings, engine_client=link, redis=redis, store_supervisor=store)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                                 lifespan="on")
         await uvicorn.Server(config).serve()
     finally:
         await supervisor.stop()
         await redis.aclose()
+        if store is not None:
+            await store.stop()
 
 
 def serve(settings: GatewaySettings, engine_args: list[str]) -> int:
-    """Run until SIGINT/SIGTERM. Returns the exit code."""
+    """Run until SIGINT/SIGTERM. Returns the exit code. Every child (engine worker, embedded
+    Valkey) is stopped on the way out, and dies with this process even if it is SIGKILLed."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop_leftovers(settings)
-    valkey: EmbeddedValkey | None = None
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        if settings.redis_url is None:
-            valkey = EmbeddedValkey(settings.state_dir / "valkey").start()
-            _write_pids(settings, valkey_pid=_valkey_pid(valkey.url), valkey_url=valkey.url)
-            print(f"radixgate serve: embedded Valkey at {valkey.url} "
-                  f"(AOF under {settings.state_dir / 'valkey'})", file=sys.stderr, flush=True)
-            settings = settings.model_copy(update={"redis_url": valkey.url})
         asyncio.run(_serve(settings, engine_args))
     except ServeError as exc:
         print(f"radixgate serve: error: {exc}", file=sys.stderr)
         return 2
+    except (EmbeddedServerError, RuntimeError) as exc:
+        print(f"radixgate serve: error: {exc}", file=sys.stderr)
+        return 1
+    except _Stop:
+        pass
     finally:
-        if valkey is not None:
-            valkey.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _write_pids(settings, engine_pid=None, valkey_pid=None)
     return 0
-
-
-def _valkey_pid(url: str) -> int | None:
-    import redis as sync_redis
-
-    client = sync_redis.Redis.from_url(url)
-    try:
-        pid = client.info("server").get("process_id")
-        return int(pid) if pid is not None else None
-    finally:
-        client.close()

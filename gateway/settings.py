@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.auth import AccessPolicy
+
 
 class GatewaySettings(BaseSettings):
     """Everything the gateway process needs. Immutable (`frozen=True`)."""
@@ -31,7 +33,13 @@ class GatewaySettings(BaseSettings):
     max_tokens_limit: int = Field(default=4096, gt=0)  # cap on generate.max_tokens
     key_prefix: str = "rg:"
     insecure: bool = False  # allow a non-loopback host with no API key created
+    # A key given at start (`serve --api-key`): keys are enforced even when none is stored, and
+    # this one is the local tenant's.
+    api_key: str | None = Field(default=None, min_length=1)
     engine_timeout_s: float = Field(default=600.0, gt=0)  # longest wait for one engine message
+    # How long a turn waits for a restarted engine worker before it fails with a 503.
+    engine_restart_timeout_s: float = Field(default=300.0, gt=0)
+    sse_keepalive_s: float = Field(default=10.0, gt=0)  # a ping after this long without a frame
     # Compatible routes (/v1/chat/completions, /v1/messages): requested model name -> served model
     # ("" = the one served). A key ending in "*" matches by prefix, the longest one winning; exact
     # keys are also listed by GET /v1/models. E.g. RADIXGATE_MODEL_ALIASES='{"claude-*": ""}'.
@@ -61,6 +69,12 @@ class GatewaySettings(BaseSettings):
                 return None
             target = self.model_aliases[max(prefixes, key=len)]
         return target or served
+
+    @property
+    def access_policy(self) -> AccessPolicy:
+        """Open access (any key is the local tenant while no key is stored) on a loopback host
+        or with `insecure`, unless `api_key` is set."""
+        return AccessPolicy(api_key=self.api_key, allow_open=self.is_loopback or self.insecure)
 
     @property
     def auth_key_prefix(self) -> str:

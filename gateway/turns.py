@@ -16,22 +16,23 @@ assistant's id only when writing it, after generation). Branch heads are pinned 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from engine.constrained.spec import ToolConstraint
-from engine.protocol import Extend, Finished, Timings, TokenChunk
+from engine.protocol import Finished, Timings
 from engine.sampling_params import SamplingParams
 from gateway.engine_link import EngineLink
-from gateway.errors import EngineFailure, InvalidRequest
+from gateway.errors import InvalidRequest
+from gateway.generation import GenerationSpec, Progress, TurnInterrupted, TurnResume, generate
 from gateway.rendering import TurnRenderer
 from gateway.schemas import AppendTurnRequest, GenerateOptions, NamedToolChoice
+from gateway.store_retry import through_store_outage
 from gateway.tool_prompt import ToolDef, normalize_tools, tool_constraint
-from gateway.toolcall_parser import ParseEvent, ToolCallDelta, ToolCallEnd, ToolCallParser
 from gateway.toolcall_parser import TextDelta as TextDelta
+from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallParser
 from gateway.toolcall_parser import ToolCallStart as ToolCallStart
 from sessions import BranchNotFound, HeadMoved, NewTurn, Session, SessionStore, Turn
 
@@ -84,33 +85,58 @@ class TurnService:
         self.max_tokens_limit = max_tokens_limit
 
     async def run_turn(self, tenant: str, session_id: str, request: AppendTurnRequest, *,
-                       expected_version: int | None) -> AsyncGenerator[TurnEvent, None]:
+                       expected_version: int | None, resume: TurnResume | None = None,
+                       interruptible: bool = False) -> AsyncGenerator[TurnEvent, None]:
         """TurnStarted, (TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd)*, TurnEnded.
+
+        With `resume` (an interrupted run of this same request) the stored input turn is reused
+        and only the events after `resume.progress` follow TurnStarted. A worker lost mid-turn
+        is waited for and the turn goes on (`gateway.generation`); with `interruptible` a loss
+        after output was shown raises TurnInterrupted with the `resume` to continue from.
         Raises session errors, InvalidRequest, InvalidToolSchema, EngineFailure /
         EngineUnavailable. Closing the iterator aborts the engine request."""
         params = self._sampling(request.generate)
         session = await self.store.get_session(session_id, tenant=tenant)
         tools, constraint = _tooling(session, request.generate)
-        target = await self._target(session, request)
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        delta = self._delta(session, target.parent, messages, tools)
-        (input_turn,) = await self.store.append_turns(
-            session_id, tenant=tenant, turns=[NewTurn(role=_input_role(messages),
-                                                      token_ids=delta, messages=messages)],
-            branch=target.branch, parent_turn_id=target.parent.id,
-            expected_version=expected_version, move_branch=False)
+        if resume is None:
+            target = await self._target(session, request)
+            messages = [m.model_dump(exclude_none=True) for m in request.messages]
+            delta = self._delta(session, target.parent, messages, tools)
+            (input_turn,) = await self.store.append_turns(
+                session_id, tenant=tenant, turns=[NewTurn(role=_input_role(messages),
+                                                          token_ids=delta, messages=messages)],
+                branch=target.branch, parent_turn_id=target.parent.id,
+                expected_version=expected_version, move_branch=False)
+            progress = Progress()
+        else:
+            parent = await self.store.get_turn(session_id, resume.parent_turn_id, tenant=tenant)
+            target = _Target(parent, resume.branch, resume.old_head)
+            input_turn = await self.store.get_turn(session_id, resume.input_turn_id,
+                                                   tenant=tenant)
+            delta, progress = list(input_turn.token_ids), resume.progress
         yield TurnStarted(input_turn.id, target.parent.id, session.model)
+        parser = ToolCallParser() if constraint and constraint.mode != "none" else None
+        if parser is not None and progress.text:
+            parser.feed(progress.text)  # its events were shown by the interrupted run
+        spec = GenerationSpec(
+            f"{tenant}:{session.model}", ref_of(target.parent), delta, params,
+            engine_ref(input_turn.id), session.id, constraint,
+            lambda: self.store.token_path(session.id, input_turn.id, tenant=tenant))
         finished: Finished | None = None
         finished_ns: int | None = None
-        parser = ToolCallParser() if constraint and constraint.mode != "none" else None
-        stream = self._generate(session, tenant, target.parent, input_turn, delta, params,
-                                constraint, parser)
-        async with aclosing(stream):  # closing this generator must reach the engine (Abort)
-            async for event in stream:
-                if isinstance(event, Finished):
-                    finished, finished_ns = event, time.time_ns()
-                else:
-                    yield event
+        stream = generate(self.engine, spec, parser, progress=progress,
+                          interruptible=interruptible)
+        try:
+            async with aclosing(stream):  # closing this generator must reach the engine (Abort)
+                async for event in stream:
+                    if isinstance(event, Finished):
+                        finished, finished_ns = event, time.time_ns()
+                    else:
+                        yield event
+        except TurnInterrupted as exc:
+            exc.resume = TurnResume(input_turn.id, target.parent.id, target.branch,
+                                    target.old_head, exc.progress)
+            raise
         assert finished is not None
         turn = await self._store_reply(session, tenant, target, input_turn, finished, parser)
         await self._move_pins(target, input_turn.id)
@@ -175,37 +201,6 @@ class TurnService:
                                              after_root=parent.role == "root", closer=closer,
                                              tools=tools)
 
-    async def _generate(self, session: Session, tenant: str, parent: Turn, input_turn: Turn,
-                        delta: list[int], params: SamplingParams,
-                        constraint: ToolConstraint | None, parser: ToolCallParser | None
-                        ) -> AsyncGenerator[ParseEvent | Finished, None]:
-        ref = ref_of(parent)
-        namespace = f"{tenant}:{session.model}"
-        for attempt in range(2):
-            if ref is None or attempt:
-                ref, token_ids = None, await self.store.token_path(
-                    session.id, input_turn.id, tenant=tenant)
-            else:
-                token_ids = delta
-            extend = Extend(uuid.uuid4().hex, namespace, ref, token_ids, params,
-                            bind_turn_id=engine_ref(input_turn.id), session_id=session.id,
-                            constraint=constraint)
-            async with aclosing(self.engine.extend(extend)) as replies:
-                async for message in replies:
-                    if isinstance(message, TokenChunk):
-                        if message.text:
-                            for event in (parser.feed(message.text) if parser
-                                          else [TextDelta(message.text)]):
-                                yield event
-                    elif isinstance(message, Finished):
-                        for event in parser.finish() if parser else []:
-                            yield event
-                        yield message
-                        return
-                    elif message.error_type != "unknown_parent" or ref is None:
-                        raise EngineFailure(message.message, error_type=message.error_type)
-        raise EngineFailure("the engine lost the parent twice", error_type="unknown_parent")
-
     async def _store_reply(self, session: Session, tenant: str, target: _Target,
                            input_turn: Turn, done: Finished,
                            parser: ToolCallParser | None) -> Turn:
@@ -221,12 +216,14 @@ class TurnService:
             done.finish_reason)
         usage = {"input_tokens": done.prompt_len, "cached_tokens": done.cached_len,
                  "computed_tokens": done.computed_len, "output_tokens": done.output_len}
-        (turn,) = await self.store.append_turns(
-            session.id, tenant=tenant, parent_turn_id=input_turn.id,
-            turns=[NewTurn(role="assistant", token_ids=token_ids, usage=usage,
-                           messages=[message], tool_calls=calls, finish_reason=finish_reason)],
+        reply = NewTurn(role="assistant", token_ids=token_ids, usage=usage, messages=[message],
+                        tool_calls=calls, finish_reason=finish_reason)
+        # The generation is done: ride out a store restart rather than lose it. The write is
+        # idempotent, so a retry after a reply lost with the connection cannot append twice.
+        (turn,) = await through_store_outage(lambda: self.store.append_turns(
+            session.id, tenant=tenant, parent_turn_id=input_turn.id, turns=[reply],
             branch=target.branch, move_branch=target.branch is not None,
-            expected_head=target.old_head)
+            expected_head=target.old_head, idempotency_key=f"reply:{input_turn.id}"))
         return turn
 
     async def _move_pins(self, target: _Target, input_turn_id: str) -> None:

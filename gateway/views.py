@@ -6,9 +6,10 @@ import dataclasses
 import json
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.errors import error_body, status_for
+from gateway.errors import error_body, error_message, is_retryable, status_for
+from gateway.generation import TurnInterrupted, TurnResume
 from gateway.schemas import SessionView, TurnSummaryView, TurnView, Usage
 from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallStart
 from gateway.turns import TextDelta, TurnEnded, TurnEvent, TurnStarted
@@ -49,35 +50,85 @@ def sse_frame(event_id: str, event: str, data: dict[str, Any]) -> bytes:
     return f"id: {event_id}\nevent: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+class StreamRecord(Protocol):
+    """Where a stream's outcome is kept for retries with its Idempotency-Key."""
+
+    async def ended(self, parent_turn_id: str, turn: dict[str, Any]) -> None: ...
+
+    async def interrupted(self, resume: TurnResume, num_events: int) -> None: ...
+
+    async def failed(self) -> None: ...
+
+
 async def sse_stream(first: TurnStarted, events: AsyncGenerator[TurnEvent, None],
-                     request_id: str | None) -> AsyncGenerator[bytes, None]:
+                     request_id: str | None, *, record: StreamRecord | None = None,
+                     num_sent: int = 0) -> AsyncGenerator[bytes, None]:
     """`turn_start`, (`text_delta` | `tool_call_start` | `tool_call_delta` | `tool_call_end`)*,
-    `turn_end` | `error`. Ids are `<input turn id>:<n>`.
-    Closing this generator (client disconnect) closes `events`, which aborts the engine request."""
+    `turn_end` | `error`. Ids are `<input turn id>:<n>`. A continued stream (`num_sent` events
+    were sent by the interrupted one) starts at event `num_sent + 1`, without `turn_start`.
+    An `error` event carries `retryable`; a `turn_interrupted` one is continued by a retry with
+    the same Idempotency-Key. Closing this generator (client disconnect) closes `events`, which
+    aborts the engine request."""
+    n = num_sent
+    ended = False
     async with aclosing(events):
-        n = 0
-        yield sse_frame(f"{first.input_turn_id}:{n}", "turn_start",
-                        {"type": "turn_start", "input_turn_id": first.input_turn_id,
-                         "parent_turn_id": first.parent_turn_id})
+        if num_sent == 0:
+            yield sse_frame(f"{first.input_turn_id}:{n}", "turn_start",
+                            {"type": "turn_start", "input_turn_id": first.input_turn_id,
+                             "parent_turn_id": first.parent_turn_id})
         try:
             async for event in events:
                 n += 1
                 event_id = f"{first.input_turn_id}:{n}"
-                if isinstance(event, TextDelta):
-                    yield sse_frame(event_id, "text_delta",
-                                    {"type": "text_delta", "text": event.text})
-                elif isinstance(event, ToolCallStart | ToolCallDelta | ToolCallEnd):
-                    yield sse_frame(event_id, _TOOL_EVENTS[type(event)],
-                                    {"type": _TOOL_EVENTS[type(event)],
-                                     **dataclasses.asdict(event)})
-                elif isinstance(event, TurnEnded):
-                    view = turn_view(event.turn, event.branch)
+                if isinstance(event, TurnEnded):
+                    view = turn_view(event.turn, event.branch).model_dump(mode="json")
+                    if record is not None:
+                        await record.ended(first.parent_turn_id, view)
+                    ended = True
                     timings = dataclasses.asdict(event.timings) if event.timings else None
                     yield sse_frame(event_id, "turn_end",
-                                    {"type": "turn_end", "turn": view.model_dump(mode="json"),
-                                     "timings": timings})
+                                    {"type": "turn_end", "turn": view, "timings": timings})
+                else:
+                    yield _event_frame(event_id, event)
         except Exception as exc:  # noqa: BLE001 - mid-stream errors become an `error` event
-            _, error_type = status_for(exc)
-            message = str(exc) if error_type != "api_error" else "internal error"
-            yield sse_frame(f"{first.input_turn_id}:{n + 1}", "error",
-                            error_body(error_type, message, request_id))
+            status, error_type = status_for(exc)
+            if record is not None:
+                if isinstance(exc, TurnInterrupted) and exc.resume is not None:
+                    await record.interrupted(exc.resume, n)
+                else:
+                    await record.failed()
+                ended = True
+            body = error_body(error_type, error_message(exc, error_type), request_id)
+            body["error"].update(status=status, retryable=is_retryable(status))
+            yield sse_frame(f"{first.input_turn_id}:{n + 1}", "error", body)
+        finally:
+            if record is not None and not ended:
+                await record.failed()  # the client went away (or the server is stopping)
+
+
+def _event_frame(event_id: str, event: TurnEvent) -> bytes:
+    if isinstance(event, TextDelta):
+        return sse_frame(event_id, "text_delta", {"type": "text_delta", "text": event.text})
+    assert isinstance(event, ToolCallStart | ToolCallDelta | ToolCallEnd), event
+    name = _TOOL_EVENTS[type(event)]
+    return sse_frame(event_id, name, {"type": name, **dataclasses.asdict(event)})
+
+
+async def replayed_stream(parent_turn_id: str, turn: dict[str, Any]
+                          ) -> AsyncGenerator[bytes, None]:
+    """The stream of a turn that finished earlier (a retry with its Idempotency-Key): its text
+    as one delta and its tool calls, then `turn_end`."""
+    input_id = str(turn["parent_id"])
+    frames: list[tuple[str, dict[str, Any]]] = [
+        ("turn_start", {"input_turn_id": input_id, "parent_turn_id": parent_turn_id})]
+    if turn.get("content"):
+        frames.append(("text_delta", {"text": turn["content"]}))
+    for index, call in enumerate(turn.get("tool_calls") or []):
+        frames += [("tool_call_start", {"index": index, "id": call["id"], "name": call["name"]}),
+                   ("tool_call_delta", {"index": index, "arguments": json.dumps(
+                       call["arguments"], ensure_ascii=False)}),
+                   ("tool_call_end", {"index": index, "id": call["id"], "name": call["name"],
+                                      "arguments": call["arguments"]})]
+    frames.append(("turn_end", {"turn": turn, "timings": None}))
+    for n, (name, data) in enumerate(frames):
+        yield sse_frame(f"{input_id}:{n}", name, {"type": name, **data})

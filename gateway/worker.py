@@ -1,9 +1,9 @@
 """The engine worker process that `radixgate serve` owns: spawn, wait until ready, restart.
 
 The worker is `radixgate engine --port <free port>`; it dies with the gateway (PR_SET_PDEATHSIG on
-Linux). When it exits unexpectedly the supervisor starts a new one and swaps the client in the
-`EngineLink`: requests in flight fail with `engine_shutdown` (503), and the next turn re-prefills
-from the ledger (the new engine answers `unknown_parent`).
+Linux). When it exits unexpectedly the supervisor marks the `EngineLink` down (requests in flight
+get `engine_shutdown`, and the turn service runs them again once a worker is back), starts a new
+worker and swaps its client in. A worker that fails to start is tried again with backoff.
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ class EngineSupervisor:
     """Owns one engine worker process at a time. `on_spawn(pid)` is called for each new one."""
 
     def __init__(self, engine_args: Sequence[str], *, timeout_s: float = 600.0,
-                 ready_timeout_s: float = 300.0,
+                 ready_timeout_s: float = 300.0, restart_timeout_s: float = 300.0,
                  on_spawn: Callable[[int], None] | None = None) -> None:
         self.engine_args = list(engine_args)
         self.timeout_s = timeout_s
+        self.restart_timeout_s = restart_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.on_spawn = on_spawn
         self.link: EngineLink | None = None
@@ -55,7 +56,8 @@ class EngineSupervisor:
         """Spawn the worker and return once it answers a stats request.
         Raises RuntimeError if it exits or does not answer within `ready_timeout_s`."""
         self._process, client = await self._spawn()
-        self.link = EngineLink(client, pid=self._process.pid, timeout_s=self.timeout_s)
+        self.link = EngineLink(client, pid=self._process.pid, timeout_s=self.timeout_s,
+                               restart_timeout_s=self.restart_timeout_s)
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
         return self.link
 
@@ -64,7 +66,7 @@ class EngineSupervisor:
         if self._watcher is not None:
             self._watcher.cancel()
         if self.link is not None:
-            await self.link.client.close()
+            await self.link.close()
         process = self._process
         if process is not None and process.returncode is None:
             process.terminate()
@@ -81,10 +83,21 @@ class EngineSupervisor:
                 return
             print(f"radixgate serve: engine worker {self._process.pid} exited ({code}); "
                   "restarting", file=sys.stderr, flush=True)
-            process, client = await self._spawn()
-            self._process = process
             assert self.link is not None
-            await self.link.replace(client, process.pid)
+            await self.link.mark_down()
+            backoff = 1.0
+            while not self._stopping:
+                try:
+                    process, client = await self._spawn()
+                except RuntimeError as exc:
+                    print(f"radixgate serve: the engine worker did not start ({exc}); "
+                          f"retrying in {backoff:.0f} s", file=sys.stderr, flush=True)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                self._process = process
+                await self.link.replace(client, process.pid)
+                break
 
     async def _spawn(self) -> tuple[asyncio.subprocess.Process, EngineClient]:
         port = free_port()

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sdk._constants import (
     IDEMPOTENCY_HEADER,
     INITIAL_RETRY_DELAY,
+    LAST_EVENT_ID_HEADER,
     MAX_RETRY_AFTER,
     MAX_RETRY_DELAY,
 )
@@ -73,6 +74,15 @@ def make_options(method: str, path: str, *, json: Any = None, if_match: int | st
     if method != "GET" and idempotency_key is None:
         idempotency_key = new_idempotency_key()
     return RequestOptions(method, path, json, headers, idempotency_key, stream)
+
+
+def continue_options(options: RequestOptions, last_event_id: str | None) -> RequestOptions:
+    """The same streamed request again (same body, same Idempotency-Key), to continue a turn
+    whose stream was interrupted after event `last_event_id`."""
+    headers = dict(options.headers)
+    if last_event_id is not None:
+        headers[LAST_EVENT_ID_HEADER] = last_event_id
+    return replace(options, headers=headers)
 
 
 def default_headers(api_key: str | None) -> dict[str, str]:

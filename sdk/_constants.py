@@ -11,3 +11,5 @@ INITIAL_RETRY_DELAY = 0.5
 MAX_RETRY_DELAY = 8.0
 MAX_RETRY_AFTER = 60.0  # longer server-requested waits fall back to our own backoff
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+LAST_EVENT_ID_HEADER = "Last-Event-ID"
+MAX_STREAM_CONTINUATIONS = 3  # continuations of one interrupted stream

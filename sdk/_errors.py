@@ -118,8 +118,9 @@ STREAM_ERROR_STATUS: Mapping[str, int] = {
     "version_conflict": 412, "request_too_large": 413,
     "idempotency_conflict": 422, "validation_error": 422,
     "kv_cache_exhausted": 503, "engine_shutdown": 503, "engine_unavailable": 503,
-    "unknown_parent": 503,
+    "unknown_parent": 503, "store_unavailable": 503, "turn_interrupted": 503,
 }
+TURN_INTERRUPTED = "turn_interrupted"
 
 
 def error_class(status_code: int) -> type[APIStatusError]:
@@ -166,7 +167,17 @@ def error_from_response(response: httpx.Response) -> APIStatusError:
 
 
 def error_from_event(data: Mapping[str, Any], request: httpx.Request | None) -> APIStatusError:
-    """The error an SSE `error` event stands for."""
+    """The error an SSE `error` event stands for: its own `status` when the server sent one,
+    else the status of its type."""
     error_type, _, _ = _error_fields(data)
-    status = STREAM_ERROR_STATUS.get(error_type or "", 500)
+    error = data.get("error")
+    status = error.get("status") if isinstance(error, Mapping) else None
+    if not isinstance(status, int):
+        status = STREAM_ERROR_STATUS.get(error_type or "", 500)
     return make_status_error(status, dict(data), request=request)
+
+
+def is_continuable(exc: APIStatusError) -> bool:
+    """A stream error after which the same request (same Idempotency-Key) continues the turn
+    where it stopped: its engine worker restarted mid-stream."""
+    return exc.error_type == TURN_INTERRUPTED

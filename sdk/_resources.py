@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Unpack
 from urllib.parse import quote
 
-from sdk._base import MessagesInput, RequestOptions, append_body, make_options
+from sdk._base import (
+    MessagesInput,
+    RequestOptions,
+    append_body,
+    continue_options,
+    make_options,
+)
 from sdk._streaming import AsyncTurnStream, TurnStream
 from sdk.types import BranchState, GenerateParams, SessionCreated, SessionState, Turn
 
@@ -117,7 +123,9 @@ class Session(_SessionBase):
         options = self._append_options(messages, generate, stream=True, branch=branch,
                                        parent_turn_id=parent_turn_id, if_match=if_match,
                                        idempotency_key=idempotency_key)
-        return TurnStream(lambda: self._client.request(options), on_turn=self._track_turn)
+        return TurnStream(lambda: self._client.request(options), on_turn=self._track_turn,
+                          reopen=lambda last: self._client.request(
+                              continue_options(options, last)))
 
     def fork(self, turn_id: str, branch: str, *, if_match: int | str | None = None,
              idempotency_key: str | None = None) -> BranchState:
@@ -168,7 +176,9 @@ class AsyncSession(_SessionBase):
         options = self._append_options(messages, generate, stream=True, branch=branch,
                                        parent_turn_id=parent_turn_id, if_match=if_match,
                                        idempotency_key=idempotency_key)
-        return AsyncTurnStream(lambda: self._client.request(options), on_turn=self._track_turn)
+        return AsyncTurnStream(lambda: self._client.request(options), on_turn=self._track_turn,
+                               reopen=lambda last: self._client.request(
+                                   continue_options(options, last)))
 
     async def fork(self, turn_id: str, branch: str, *, if_match: int | str | None = None,
                    idempotency_key: str | None = None) -> BranchState:

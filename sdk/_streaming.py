@@ -1,8 +1,11 @@
 """`TurnStream` / `AsyncTurnStream`: one streamed turn as a context manager of typed events.
 
 The twins differ only in `async`/`await`; decoding (`sdk._sse`) and accumulation
-(`sdk._base.accumulate_event`) are shared pure functions. The response is closed on exit, and a
-stream is never retried once it has started (the request's own retries end at the headers).
+(`sdk._base.accumulate_event`) are shared pure functions. The response is closed on exit. A
+stream that has started is never sent again, with one exception: when the server ends it with
+a `turn_interrupted` error (its engine worker restarted), the same request (same Idempotency-Key,
+`Last-Event-ID`) is sent again and its events continue the turn where it stopped, so the caller
+sees one uninterrupted stream.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from types import TracebackType
 import httpx
 
 from sdk._base import TurnSnapshot, accumulate_event, parse_event, transport_error
-from sdk._errors import APIError
+from sdk._constants import MAX_STREAM_CONTINUATIONS
+from sdk._errors import APIError, APIStatusError, is_continuable
 from sdk._sse import aiter_sse, iter_sse
 from sdk.types import StreamEvent, TextDelta, Turn, TurnEnd
 
@@ -28,8 +32,10 @@ class TurnStream:
     """Iterate for events; `.text_stream` for text only; `.get_final_turn()` for the turn."""
 
     def __init__(self, open_response: Callable[[], httpx.Response], *,
-                 on_turn: Callable[[Turn], object] | None = None) -> None:
+                 on_turn: Callable[[Turn], object] | None = None,
+                 reopen: Callable[[str | None], httpx.Response] | None = None) -> None:
         self._open = open_response
+        self._reopen = reopen
         self._on_turn = on_turn
         self._response: httpx.Response | None = None
         self._events: Iterator[StreamEvent] | None = None
@@ -49,18 +55,25 @@ class TurnStream:
             self._response.close()
 
     def _iter_events(self, response: httpx.Response) -> Iterator[StreamEvent]:
-        try:
-            for sse in iter_sse(response.iter_text()):
-                event = parse_event(sse, response.request)
-                if event is not None:
-                    self.snapshot = accumulate_event(self.snapshot, event, sse.id)
-                    if isinstance(event, TurnEnd) and self._on_turn is not None:
-                        self._on_turn(event.turn)
-                    yield event
-        except httpx.TransportError as exc:
-            raise transport_error(exc, response.request) from exc
-        finally:
-            response.close()
+        for attempt in range(MAX_STREAM_CONTINUATIONS + 1):
+            try:
+                for sse in iter_sse(response.iter_text()):
+                    event = parse_event(sse, response.request)
+                    if event is not None:
+                        self.snapshot = accumulate_event(self.snapshot, event, sse.id)
+                        if isinstance(event, TurnEnd) and self._on_turn is not None:
+                            self._on_turn(event.turn)
+                        yield event
+                return
+            except APIStatusError as exc:
+                if (self._reopen is None or not is_continuable(exc)
+                        or attempt == MAX_STREAM_CONTINUATIONS):
+                    raise
+            except httpx.TransportError as exc:
+                raise transport_error(exc, response.request) from exc
+            finally:
+                response.close()
+            response = self._response = self._reopen(self.snapshot.last_event_id)
 
     def __iter__(self) -> Iterator[StreamEvent]:
         if self._events is None:
@@ -91,8 +104,11 @@ class AsyncTurnStream:
     """Async twin of `TurnStream`."""
 
     def __init__(self, open_response: Callable[[], Awaitable[httpx.Response]], *,
-                 on_turn: Callable[[Turn], object] | None = None) -> None:
+                 on_turn: Callable[[Turn], object] | None = None,
+                 reopen: Callable[[str | None], Awaitable[httpx.Response]] | None = None
+                 ) -> None:
         self._open = open_response
+        self._reopen = reopen
         self._on_turn = on_turn
         self._response: httpx.Response | None = None
         self._events: AsyncIterator[StreamEvent] | None = None
@@ -112,18 +128,25 @@ class AsyncTurnStream:
             await self._response.aclose()
 
     async def _iter_events(self, response: httpx.Response) -> AsyncIterator[StreamEvent]:
-        try:
-            async for sse in aiter_sse(response.aiter_text()):
-                event = parse_event(sse, response.request)
-                if event is not None:
-                    self.snapshot = accumulate_event(self.snapshot, event, sse.id)
-                    if isinstance(event, TurnEnd) and self._on_turn is not None:
-                        self._on_turn(event.turn)
-                    yield event
-        except httpx.TransportError as exc:
-            raise transport_error(exc, response.request) from exc
-        finally:
-            await response.aclose()
+        for attempt in range(MAX_STREAM_CONTINUATIONS + 1):
+            try:
+                async for sse in aiter_sse(response.aiter_text()):
+                    event = parse_event(sse, response.request)
+                    if event is not None:
+                        self.snapshot = accumulate_event(self.snapshot, event, sse.id)
+                        if isinstance(event, TurnEnd) and self._on_turn is not None:
+                            self._on_turn(event.turn)
+                        yield event
+                return
+            except APIStatusError as exc:
+                if (self._reopen is None or not is_continuable(exc)
+                        or attempt == MAX_STREAM_CONTINUATIONS):
+                    raise
+            except httpx.TransportError as exc:
+                raise transport_error(exc, response.request) from exc
+            finally:
+                await response.aclose()
+            response = self._response = await self._reopen(self.snapshot.last_event_id)
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         if self._events is None:

@@ -167,6 +167,8 @@ class TurnEnd(_Model):
 class ErrorDetail(_Model):
     type: str
     message: str
+    status: int | None = None  # on stream `error` events: the HTTP status this error has
+    retryable: bool | None = None  # on stream `error` events: may the same request succeed?
 
 
 class ErrorEvent(_Model):

@@ -26,6 +26,7 @@ from gateway.compat.conversation import Conversation
 from gateway.compat.runner import TURN_HEADER, CompatDep, SessionHintDep, StartedTurn, final_turn
 from gateway.deps import TenantDep
 from gateway.errors import exception_error, request_id_of
+from gateway.keepalive import ANTHROPIC_PING, keepalive
 from gateway.toolcall_parser import TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from gateway.turns import TurnEnded
 from gateway.views import SSE_HEADERS
@@ -48,7 +49,8 @@ async def create_message(body: MessagesRequest, request: Request, tenant: Tenant
     request_id = request_id_of(request)
     headers = {**turn.headers, "request-id": request_id or ""}  # where the SDK looks for it
     if conversation.stream:
-        return StreamingResponse(frames(turn, conversation, message_id, request_id),
+        return StreamingResponse(keepalive(frames(turn, conversation, message_id, request_id),
+                                           compat.settings.sse_keepalive_s, ANTHROPIC_PING),
                                  media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
     ended = await final_turn(turn.events)

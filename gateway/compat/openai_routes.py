@@ -26,6 +26,7 @@ from gateway.compat.openai_schemas import ChatCompletionRequest
 from gateway.compat.runner import TURN_HEADER, CompatDep, SessionHintDep, StartedTurn, final_turn
 from gateway.deps import TenantDep
 from gateway.errors import exception_error, request_id_of
+from gateway.keepalive import SSE_COMMENT_PING, keepalive
 from gateway.toolcall_parser import TextDelta, ToolCallDelta, ToolCallStart
 from gateway.turns import TurnEnded
 from gateway.views import SSE_HEADERS
@@ -47,7 +48,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
     head = _head(turn, conversation)
     if conversation.stream:
         return StreamingResponse(
-            chunks(turn, conversation, head, request_id_of(request)),
+            keepalive(chunks(turn, conversation, head, request_id_of(request)),
+                      compat.settings.sse_keepalive_s, SSE_COMMENT_PING),
             media_type="text/event-stream", headers={**SSE_HEADERS, **turn.headers})
     ended = await final_turn(turn.events)
     return JSONResponse(completion(head, ended.turn),

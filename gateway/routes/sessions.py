@@ -19,7 +19,9 @@ from gateway.deps import (
     TurnServiceDep,
 )
 from gateway.errors import InvalidRequest, request_id_of
-from gateway.idempotency import IdempotencyStore, request_hash
+from gateway.generation import TurnResume
+from gateway.idempotency import Claim, IdempotencyStore, Replay, request_hash
+from gateway.keepalive import SSE_COMMENT_PING, keepalive
 from gateway.schemas import (
     AppendTurnRequest,
     BranchView,
@@ -30,10 +32,10 @@ from gateway.schemas import (
     SessionView,
     TurnView,
 )
-from gateway.telemetry import traced_turn
+from gateway.telemetry import Telemetry, traced_turn
 from gateway.tool_prompt import normalize_tools
-from gateway.turns import TurnEnded, TurnStarted
-from gateway.views import SSE_HEADERS, session_view, sse_stream, turn_view
+from gateway.turns import TurnEnded, TurnService, TurnStarted
+from gateway.views import SSE_HEADERS, replayed_stream, session_view, sse_stream, turn_view
 from sessions import Session, VersionConflict
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -108,15 +110,14 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
                       telemetry: TelemetryDep, key: IdempotencyKeyDep = None) -> Response:
     if len(body.messages) > settings.max_messages:
         raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
+    payload = {"body": body.model_dump(mode="json"), "if_match": expected}
+    if body.generate.stream:
+        return await _stream_turn(session_id, body, request, tenant, turns, idem, expected,
+                                  telemetry, key, payload)
     events = traced_turn(telemetry, turns.run_turn(tenant, session_id, body,
                                                    expected_version=expected),
                          model=request.state.model_name, session_id=session_id,
                          max_tokens=body.generate.max_tokens)
-    if body.generate.stream:
-        first = await anext(events)
-        assert isinstance(first, TurnStarted)
-        return StreamingResponse(sse_stream(first, events, request_id_of(request)),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def compute() -> tuple[int, Any]:
         async for event in events:
@@ -124,8 +125,61 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
                 return 200, turn_view(event.turn, event.branch).model_dump(mode="json")
         raise AssertionError("run_turn ended without TurnEnded")
 
-    payload = {"body": body.model_dump(mode="json"), "if_match": expected}
     return await _once(idem, tenant, key, request, payload, compute)
+
+
+async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Request, tenant: str,
+                       turns: TurnService, idem: IdempotencyStore, expected: int | None,
+                       telemetry: Telemetry, key: str | None, payload: Any) -> Response:
+    """A streamed turn. With an Idempotency-Key, a retry replays the finished turn, or
+    continues one whose engine worker died mid-stream (SSE `error` of type turn_interrupted)."""
+    claim: Claim | None = None
+    resume: TurnResume | None = None
+    if key is not None:
+        outcome = await idem.claim(tenant, key, request_hash(request.method, request.url.path,
+                                                             payload))
+        if isinstance(outcome, Replay):
+            return StreamingResponse(replayed_stream(outcome.body["parent_turn_id"],
+                                                     outcome.body["turn"]),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        claim = outcome
+        if claim.state is not None:
+            resume = TurnResume.from_dict(claim.state["resume"])
+    events = traced_turn(telemetry, turns.run_turn(
+        tenant, session_id, body, expected_version=expected, resume=resume, interruptible=True),
+        model=request.state.model_name, session_id=session_id,
+        max_tokens=body.generate.max_tokens)
+    record = _IdempotentStream(idem, claim) if claim is not None else None
+    try:
+        first = await anext(events)
+    except BaseException:
+        if claim is not None:
+            await idem.abandon(claim)
+        raise
+    assert isinstance(first, TurnStarted)
+    num_sent = int(claim.state["num_events"]) if claim and claim.state else 0
+    frames = sse_stream(first, events, request_id_of(request), record=record, num_sent=num_sent)
+    return StreamingResponse(keepalive(frames, request.state.settings.sse_keepalive_s,
+                                       SSE_COMMENT_PING),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class _IdempotentStream:
+    """A stream's outcome under its Idempotency-Key (`gateway.views.StreamRecord`)."""
+
+    def __init__(self, idem: IdempotencyStore, claim: Claim) -> None:
+        self.idem = idem
+        self.claim = claim
+
+    async def ended(self, parent_turn_id: str, turn: dict[str, Any]) -> None:
+        await self.idem.finish(self.claim, 200, {"parent_turn_id": parent_turn_id, "turn": turn})
+
+    async def interrupted(self, resume: TurnResume, num_events: int) -> None:
+        await self.idem.interrupt(self.claim, {"resume": resume.to_dict(),
+                                               "num_events": num_events})
+
+    async def failed(self) -> None:
+        await self.idem.abandon(self.claim)
 
 
 @router.post("/{session_id}/fork", status_code=201, response_model=BranchView,

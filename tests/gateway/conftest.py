@@ -23,6 +23,7 @@ from engine.models.loader import LoadedModel
 from engine.models.locate import embedded_gguf_path
 from engine.tokenizer import Tokenizer
 from gateway.app import create_app
+from gateway.engine_link import EngineLink
 from gateway.settings import GatewaySettings
 from tests.tiny_model import tiny_model
 
@@ -47,6 +48,16 @@ class Harness:
     settings: GatewaySettings
     engine_client: EngineClient
     tokenizer: Tokenizer
+    link: EngineLink
+    make_engine: Callable[[], Engine]
+
+    async def restart_engine(self) -> None:
+        """What the supervisor does when the worker dies: the link goes down (requests in
+        flight fail with engine_shutdown), then a fresh engine, holding no cache, takes over."""
+        await self.link.mark_down()
+        self.engine = self.make_engine()
+        self.engine_client = EngineClient.in_process(self.engine)
+        await self.link.replace(self.engine_client, None)
 
 
 Body = Callable[[Harness], Awaitable[None]]
@@ -55,27 +66,37 @@ Body = Callable[[Harness], Awaitable[None]]
 @pytest.fixture
 def run_gateway(redis_url: str, redis_key_prefix: str, tiny_loaded: LoadedModel,
                 tokenizer: Tokenizer) -> Callable[..., None]:
-    """`run_gateway(body, **settings)`: run `body(harness)` against a fresh app and engine."""
+    """`run_gateway(body, restart_timeout_s=None, redis_url=None, **settings)`: run
+    `body(harness)` against a fresh app and engine. With `restart_timeout_s` the engine link is
+    supervised (`Harness.restart_engine` plays a worker restart); `redis_url` replaces the test
+    server (e.g. a dead port)."""
 
-    def run(body: Body, **overrides: object) -> None:
+    def run(body: Body, *, restart_timeout_s: float | None = None,
+            redis_url: str = redis_url, **overrides: object) -> None:
         settings = GatewaySettings(redis_url=redis_url, key_prefix=redis_key_prefix,
                                    **overrides)  # type: ignore[arg-type]
 
+        def make_engine() -> Engine:
+            return Engine(tiny_loaded, EngineConfig(kv_memory_bytes=64 << 20))
+
         async def main() -> None:
-            engine = Engine(tiny_loaded, EngineConfig(kv_memory_bytes=64 << 20))
+            engine = make_engine()
             engine_client = EngineClient.in_process(engine)
+            link = EngineLink(engine_client, restart_timeout_s=restart_timeout_s)
             redis = Redis.from_url(redis_url)
-            app = create_app(settings, engine_client=engine_client, redis=redis,
+            app = create_app(settings, engine_client=link, redis=redis,
                              tokenizer=tokenizer, model_name="tiny")
+            harness: Harness | None = None
             try:
                 async with LifespanManager(app) as manager:
                     transport = httpx.ASGITransport(app=manager.app)
                     async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                                  timeout=60) as client:
-                        await body(Harness(app, client, engine, redis, settings, engine_client,
-                                           tokenizer))
+                        harness = Harness(app, client, engine, redis, settings, engine_client,
+                                          tokenizer, link, make_engine)
+                        await body(harness)
             finally:
-                await engine_client.close()
+                await (harness.engine_client if harness else engine_client).close()
                 await redis.aclose()
 
         asyncio.run(main())

@@ -118,3 +118,22 @@ def test_closing_the_sse_stream_aborts_the_engine_request(
         assert session.head() == session.root_turn_id  # no assistant turn was stored
 
     run_gateway(body)
+
+
+def test_max_tokens_past_the_context_is_clamped(run_gateway: Callable[..., None]) -> None:
+    """As hosted APIs do: the reply stops where the context ends (finish "length")."""
+
+    async def body(h: Harness) -> None:
+        sid = (await h.client.post("/v1/sessions", json={})).json()["id"]
+        context_len = h.engine.loaded.model.config.max_position_embeddings
+        long_text = "word " * (context_len - 60)
+        r = await h.client.post(f"/v1/sessions/{sid}/turns", json={
+            "messages": [{"role": "user", "content": long_text}],
+            "generate": {"max_tokens": 4000}})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["input_tokens"] + usage["output_tokens"] == context_len
+        assert usage["output_tokens"] < 4000 and r.json()["finish_reason"] == "length"
+        h.engine.check_invariants()
+
+    run_gateway(body)

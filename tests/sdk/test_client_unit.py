@@ -253,3 +253,55 @@ def test_stream_error_event_is_typed_and_never_retried(sync: bool) -> None:
         assert info.value.request_id == "req_s" and len(seen) == 1
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_interrupted_stream_is_continued_with_the_same_key(sync: bool) -> None:
+    """`turn_interrupted` (the worker restarted mid-stream): the same request again, with its
+    Idempotency-Key and Last-Event-ID, and its events continue the one stream the caller sees."""
+    seen: list[httpx.Request] = []
+    lines = (FIXTURES / "basic_turn.sse").read_text().split("\n\n")
+    head = "\n\n".join(lines[:3])  # turn_start, a comment, text_delta "Hel"
+    interrupted = (head + '\n\nid: t1:2\nevent: error\ndata: {"type": "error", "error": '
+                   '{"type": "turn_interrupted", "message": "worker restarted", "status": 503, '
+                   '"retryable": true}, "request_id": "req_s"}\n\n')
+    rest = "\n\n".join(lines[3:])  # ping, text_delta "lo", turn_end
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        raw = interrupted if len(seen) == 1 else rest
+        return httpx.Response(200, content=raw.encode(),
+                              headers={"content-type": "text/event-stream"})
+
+    async def body() -> None:
+        client = make_client(sync, handler)
+        session = sdk.Session if sync else sdk.AsyncSession
+        handle = session(client, "s1")  # type: ignore[arg-type]
+        texts, turn = await collect(handle.stream("hi", max_tokens=2))
+        assert texts == ["Hel", "lo"] and turn.content == "Hello"
+        first, second = seen
+        assert first.content == second.content
+        assert first.headers["idempotency-key"] == second.headers["idempotency-key"]
+        assert "last-event-id" not in first.headers
+        assert second.headers["last-event-id"] == "t1:1"
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_stream_error_status_comes_from_the_event(sync: bool) -> None:
+    raw = (b'id: t:0\nevent: turn_start\ndata: {"type": "turn_start", "input_turn_id": "t"}\n\n'
+           b'id: t:1\nevent: error\ndata: {"type": "error", "error": {"type": '
+           b'"some_new_type", "message": "m", "status": 409, "retryable": false}}\n\n')
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=raw, headers={"content-type": "text/event-stream"})
+
+    async def body() -> None:
+        session = sdk.Session if sync else sdk.AsyncSession
+        handle = session(make_client(sync, handler), "s1")  # type: ignore[arg-type]
+        with pytest.raises(sdk.ConflictError) as info:
+            await collect(handle.stream("hi"))
+        assert info.value.error_type == "some_new_type"
+
+    asyncio.run(body())

@@ -1,0 +1,141 @@
+"""One turn's generation on the engine, carried across engine-worker restarts.
+
+    attempt 1   Extend(parent_ref, delta)            the parent's KV is on the worker
+    unknown     Extend(None, full path)              the worker no longer holds the parent
+    worker lost Extend(None, full path, resume_output_ids=output so far)  on the new worker
+
+A worker that dies mid-turn (its requests fail with `engine_shutdown`) is replaced by the
+supervisor; the turn then continues on the new worker from the ledger's token path plus the
+output it had produced, so the result is what one uninterrupted run gives (greedy: the same
+tokens). With `interruptible` (a stream that has already shown output to its client) the loss
+is raised as TurnInterrupted instead, carrying that output, so a retry can continue the turn.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.constrained.spec import ToolConstraint
+from engine.protocol import Extend, Failed, Finished, TokenChunk
+from engine.sampling_params import SamplingParams
+from gateway.engine_link import EngineLink
+from gateway.errors import ApiError, EngineFailure
+from gateway.toolcall_parser import ParseEvent, ToolCallParser
+from gateway.toolcall_parser import TextDelta as TextDelta
+
+MAX_WORKER_LOSSES = 2  # a turn that kills its worker this often is not run a third time
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a turn's generation has produced so far (token ids and the text they decode to,
+    before tool-call parsing)."""
+
+    output_ids: tuple[int, ...] = ()
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class TurnResume:
+    """An interrupted turn of a request: its stored input turn, where its reply goes, and what
+    its generation had produced. Plain data (kept under the request's Idempotency-Key)."""
+
+    input_turn_id: str
+    parent_turn_id: str
+    branch: str | None
+    old_head: str | None
+    progress: Progress
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input_turn_id": self.input_turn_id, "parent_turn_id": self.parent_turn_id,
+                "branch": self.branch, "old_head": self.old_head,
+                "output_ids": list(self.progress.output_ids), "text": self.progress.text}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TurnResume:
+        return cls(data["input_turn_id"], data["parent_turn_id"], data["branch"],
+                   data["old_head"], Progress(tuple(data["output_ids"]), data["text"]))
+
+
+class TurnInterrupted(ApiError):
+    """The engine worker died while a stream was showing output; a retry with the same
+    Idempotency-Key continues the turn. `progress` is what was produced; `resume` (set by the
+    turn service) is everything a retry needs to continue it."""
+
+    status, error_type = 503, "turn_interrupted"
+
+    def __init__(self, message: str, progress: Progress) -> None:
+        super().__init__(message)
+        self.progress = progress
+        self.resume: TurnResume | None = None
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """Everything one turn's Extend needs. `full_path()` reads the ledger's token path up to and
+    including the input turn (used when the engine lacks the parent)."""
+
+    namespace: str
+    parent_ref: str | None
+    delta: list[int]
+    params: SamplingParams
+    bind_ref: str
+    session_id: str
+    constraint: ToolConstraint | None
+    full_path: Callable[[], Awaitable[list[int]]]
+
+
+async def generate(link: EngineLink, spec: GenerationSpec, parser: ToolCallParser | None, *,
+                   progress: Progress = Progress(), interruptible: bool = False
+                   ) -> AsyncGenerator[ParseEvent | Finished, None]:
+    """Parse events of the output after `progress`, then the engine's Finished (whose output
+    and text include `progress`). Raises EngineFailure, EngineUnavailable, TurnInterrupted.
+    Closing the generator aborts the engine request."""
+    ref = None if progress.output_ids else spec.parent_ref
+    num_losses = 0
+    shown = False  # an event of this call reached the caller
+    while True:
+        token_ids = spec.delta if ref is not None else await spec.full_path()
+        extend = Extend(uuid.uuid4().hex, spec.namespace, ref, token_ids, spec.params,
+                        bind_turn_id=spec.bind_ref, session_id=spec.session_id,
+                        constraint=spec.constraint, resume_output_ids=list(progress.output_ids))
+        failure: Failed | None = None
+        async with aclosing(link.extend(extend)) as replies:
+            async for message in replies:
+                if isinstance(message, TokenChunk):
+                    progress = replace(progress, text=progress.text + message.text,
+                                       output_ids=progress.output_ids + tuple(message.token_ids))
+                    for event in _parse(parser, message.text):
+                        shown = True
+                        yield event
+                elif isinstance(message, Finished):
+                    for event in parser.finish() if parser else []:
+                        yield event
+                    yield message
+                    return
+                else:
+                    failure = message
+                    break
+        assert failure is not None
+        if failure.error_type == "unknown_parent" and ref is not None:
+            ref = None
+            continue
+        if (failure.error_type == "engine_shutdown" and link.is_supervised
+                and num_losses < MAX_WORKER_LOSSES):
+            num_losses += 1
+            if interruptible and shown:
+                raise TurnInterrupted("the engine worker restarted during this turn; retry with "
+                                      "the same Idempotency-Key to continue it", progress)
+            ref = None  # the new worker holds nothing: the ledger's path plus the output so far
+            continue
+        raise EngineFailure(failure.message, error_type=failure.error_type)
+
+
+def _parse(parser: ToolCallParser | None, text: str) -> list[ParseEvent]:
+    if not text:
+        return []
+    return parser.feed(text) if parser else [TextDelta(text)]
