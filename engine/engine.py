@@ -150,7 +150,8 @@ class Engine:
                      s.prefix_query_tokens, s.prefix_hit_tokens, self.num_finished,
                      self.loaded.name, self.kv_pool.layout.page_size,
                      num_drafted=self.speculator.num_drafted if self.speculator else 0,
-                     num_accepted=self.speculator.num_accepted if self.speculator else 0)
+                     num_accepted=self.speculator.num_accepted if self.speculator else 0,
+                     num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins)
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()

@@ -113,6 +113,14 @@ class Stats:
     page_size: int
     num_drafted: int = 0  # draft tokens proposed / accepted since the engine started
     num_accepted: int = 0
+    num_locked_pages: int = 0  # cached pages that running requests hold (not evictable)
+    num_pins: int = 0  # branch heads pinned by the gateway
+
+    @property
+    def num_held_pages(self) -> int:
+        """Pages that are neither free nor evictable cache: held by requests in flight."""
+        return (self.num_pages - self.num_free_pages - self.num_cached_pages
+                + self.num_locked_pages)
 
     @property
     def hit_rate(self) -> float:

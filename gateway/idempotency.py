@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gateway.errors import InFlight, InvalidRequest
+from gateway.store_retry import through_store_outage
 from sessions.errors import IdempotencyConflict
 
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -113,16 +114,21 @@ class IdempotencyStore:
         _, status, body = record.split("\n", 2)
         return Replay(int(status), json.loads(body))
 
+    # A claim's end rides out a store restart: left as "P", the key would answer 409 to
+    # every retry until IN_FLIGHT_TTL_S ran out.
+
     async def finish(self, claim: Claim, status: int, body: Any) -> None:
         """Record the response that every retry with this key gets."""
         record = f"D{claim.req_hash}\n{status}\n{json.dumps(body)}"
-        await self.redis.set(claim.rkey, record, ex=IDEMPOTENCY_TTL_S)
+        await through_store_outage(lambda: self.redis.set(claim.rkey, record,
+                                                          ex=IDEMPOTENCY_TTL_S))
 
     async def interrupt(self, claim: Claim, state: dict[str, Any]) -> None:
         """Keep `state` for the retry that continues this request."""
         record = f"R{claim.req_hash}\n{json.dumps(state)}"
-        await self.redis.set(claim.rkey, record, ex=IDEMPOTENCY_TTL_S)
+        await through_store_outage(lambda: self.redis.set(claim.rkey, record,
+                                                          ex=IDEMPOTENCY_TTL_S))
 
     async def abandon(self, claim: Claim) -> None:
         """The request failed: free the key, so a retry runs again."""
-        await self.redis.delete(claim.rkey)
+        await through_store_outage(lambda: self.redis.delete(claim.rkey))

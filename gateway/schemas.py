@@ -182,6 +182,10 @@ class Readiness(BaseModel):
     store_restarts: int = 0
     num_running: int | None = None
     num_free_pages: int | None = None
+    num_pages: int | None = None
+    num_cached_pages: int | None = None  # evictable cache plus pages locked by requests
+    num_held_pages: int | None = None  # neither free nor evictable: held by requests in flight
+    num_pins: int | None = None
     prefix_hit_rate: float | None = None
 
 

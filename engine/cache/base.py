@@ -72,6 +72,11 @@ class PrefixCache(Protocol):
     @property
     def num_locked_pages(self) -> int: ...
 
+    @property
+    def num_pins(self) -> int:
+        """Turns pinned now (expired pins included until they are swept)."""
+        ...
+
     def match_prefix(self, namespace: str, token_ids: Sequence[int]) -> MatchResult:
         """Longest cached prefix of `token_ids` in whole pages.
 

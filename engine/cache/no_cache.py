@@ -51,6 +51,10 @@ class NoPrefixCache:
     def num_locked_pages(self) -> int:
         return 0
 
+    @property
+    def num_pins(self) -> int:
+        return 0
+
     def match_prefix(self, namespace: str, token_ids: Sequence[int]) -> MatchResult:
         return MatchResult(self._root(namespace), [], 0)
 

@@ -71,6 +71,10 @@ class RadixCache:
     def num_locked_pages(self) -> int:
         return self._num_locked_pages
 
+    @property
+    def num_pins(self) -> int:
+        return len(self._pin_expiry)
+
     def match_prefix(self, namespace: str, token_ids: Sequence[int]) -> MatchResult:
         node, page_ids = self._walk(namespace, token_ids)
         return MatchResult(node, page_ids, len(page_ids) * self.page_size)

@@ -38,7 +38,9 @@ async def readyz(request: Request, store: SessionStoreDep, engine: EngineDep) ->
     else:
         ready = ready.model_copy(update={
             "engine": True, "model": stats.model, "num_running": stats.num_running,
-            "num_free_pages": stats.num_free_pages, "prefix_hit_rate": stats.hit_rate})
+            "num_free_pages": stats.num_free_pages, "num_pages": stats.num_pages,
+            "num_cached_pages": stats.num_cached_pages, "num_held_pages": stats.num_held_pages,
+            "num_pins": stats.num_pins, "prefix_hit_rate": stats.hit_rate})
     if ready.redis and ready.engine:
         ready = ready.model_copy(update={"status": "ok"})
     if ready.status == "ok":

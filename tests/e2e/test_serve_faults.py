@@ -26,7 +26,7 @@ import openai
 import pytest
 
 import sdk
-from tests.e2e.serve_process import ServeProcess, wait_gone
+from benchmarks.serve_process import ServeProcess, wait_gone
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,6 @@
-"""`radixgate serve` as a real process for end-to-end tests: its own state dir (embedded Valkey),
-stderr kept in a file, readiness from /readyz, its children's pids from serve.json."""
+"""`radixgate serve` as a real process for end-to-end tests and benchmarks: its own state dir
+(embedded Valkey), stderr kept in a file, readiness from /readyz, its children's pids from
+serve.json."""
 
 from __future__ import annotations
 
