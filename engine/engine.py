@@ -93,6 +93,18 @@ class Engine:
         req.finish_reason = "abort"
         return [self._finished(req)]
 
+    def fail_all(self, error_type: str, message: str) -> list[Message]:
+        """End every queued and running request with `Failed` (a step raised). Each goes
+        through the abort path: its pages return to the pool, its drafter state (suffix corpus,
+        draft-model KV) is released, and it counts as finished."""
+        out: list[Message] = []
+        for req in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.scheduler.remove(req)
+            req.finish_reason = "abort"
+            self._finished(req)
+            out.append(Failed(req.request_id, error_type, message))
+        return out
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work

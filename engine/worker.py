@@ -37,7 +37,7 @@ def run_engine_loop(engine: Engine, receive: Receive, send: Send,
             outputs = engine.step()
         except Exception as exc:  # noqa: BLE001 - a bug in one batch must not kill the worker
             log.exception("engine step failed; failing the requests in flight")
-            outputs = _fail_all(engine, exc)
+            outputs = engine.fail_all("engine_error", f"engine step failed: {exc!r}")
         for out in outputs:
             request_id = getattr(out, "request_id", "")
             origin = origins.get(request_id)
@@ -66,14 +66,6 @@ def _handle(engine: Engine, origins: dict[str, Origin], origin: Origin,
     elif isinstance(message, StatsRequest):
         return [(origin, engine.stats(message.request_id))]
     return []
-
-
-def _fail_all(engine: Engine, exc: Exception) -> list[Message]:
-    out: list[Message] = []
-    for req in list(engine.scheduler.running) + list(engine.scheduler.waiting):
-        engine.scheduler.remove(req)
-        out.append(Failed(req.request_id, "engine_error", f"engine step failed: {exc!r}"))
-    return out
 
 
 class EngineThread:

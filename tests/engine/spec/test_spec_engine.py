@@ -95,3 +95,35 @@ def test_unknown_spec_mode_is_rejected(tiny: LoadedModel) -> None:
 
     with pytest.raises(InvalidRequest, match="speculative mode"):
         make_engine(tiny, "eagle")
+
+
+@pytest.mark.parametrize("drafter", ["suffix", "model"])
+def test_fail_all_returns_pages_and_drafter_state(tiny: LoadedModel, drafter: str) -> None:
+    """A step that raises fails every request through the finish path: pool pages, the draft
+    model's KV and the drafter's per-request state all return to their baseline."""
+    engine = make_engine(tiny, "suffix" if drafter == "suffix" else "none")
+    if drafter == "model":
+        engine.speculator = Speculator(ModelDrafter(tiny, 4, kv_memory_bytes=4 << 20), 4)
+    assert engine.speculator is not None
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompts = repetitive_prompts(tiny)
+    for i, ids in enumerate(prompts):
+        engine.submit(Extend(f"r{i}", "ns", None, ids, params, session_id="s"))
+    for _ in range(8):  # every request is decoding; drafts proposed where the context allows
+        engine.step()
+    assert engine.has_work
+    spec_drafter = engine.speculator.drafter
+    if drafter == "model":
+        assert engine.stats().num_drafted > 0
+    else:
+        assert len(spec_drafter._requests) == len(prompts)  # type: ignore[attr-defined]
+    failed = engine.fail_all("engine_error", "boom")
+    assert sorted(m.request_id for m in failed) == [f"r{i}" for i in range(len(prompts))]
+    assert not engine.has_work and engine.stats().num_finished == len(prompts)
+    engine.check_invariants()
+    if drafter == "model":
+        assert spec_drafter.pool.num_used_pages == 0  # type: ignore[attr-defined]
+    else:
+        assert not spec_drafter._requests  # type: ignore[attr-defined]
+    engine.reset_cache()
+    assert engine.page_pool.num_free_pages == engine.page_pool.num_pages
