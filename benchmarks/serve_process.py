@@ -33,8 +33,8 @@ class ServeProcess:
         self.http = httpx.Client(base_url=self.url, timeout=300)
 
     @classmethod
-    def start(cls, state_dir: Path, *flags: str, env: dict[str, str] | None = None
-              ) -> ServeProcess:
+    def start(cls, state_dir: Path, *flags: str, env: dict[str, str] | None = None,
+              kv_memory_mib: int = 256) -> ServeProcess:
         port = free_port()
         log_path = state_dir / f"serve-{port}.log"
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ class ServeProcess:
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-                 "--state-dir", str(state_dir), "--kv-memory", "256", *flags],
+                 "--state-dir", str(state_dir), "--kv-memory", str(kv_memory_mib), *flags],
                 env={**base_env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
         server = cls(state_dir, port, process, log_path)
         try:

@@ -148,12 +148,13 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--kv-memory", type=int, default=1024, help="MiB of KV pool")
     args = parser.parse_args()
     notes = machine_notes(embedded_gguf_path())
     total = args.sessions * (args.turns + 1)
     tally, kills = Tally(), list[dict[str, Any]]()
     with tempfile.TemporaryDirectory(prefix="radixgate-soak-") as state:
-        server = ServeProcess.start(Path(state))
+        server = ServeProcess.start(Path(state), kv_memory_mib=args.kv_memory)
         try:
             baseline = server.wait_ready()
             log(f"serving at {server.url}; {args.sessions} sessions x {args.turns} turns")
@@ -180,7 +181,8 @@ def main() -> None:
     finish_notes(notes)
     result = {
         "notes": notes, "sessions": args.sessions, "turns_per_session": args.turns,
-        "max_tokens": args.max_tokens, "seconds": elapsed, "kills": kills,
+        "max_tokens": args.max_tokens, "kv_memory_mib": args.kv_memory, "seconds": elapsed,
+        "kills": kills,
         "acknowledged": len(tally.acknowledged), "expected": total, "lost": missing,
         "sessions_checked": num_checked, "errors": dict(tally.errors),
         "engine_restarts": ready["engine_restarts"], "store_restarts": ready["store_restarts"],

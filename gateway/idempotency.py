@@ -2,7 +2,7 @@
 
 One record per (tenant, key) under `{prefix}gw:idem:`:
 
-    P<hash>                    the first request is running (a retry gets 409 `conflict`)
+    P<hash><token>             the first request is running (a retry gets 409 `conflict`)
     D<hash>\\n<status>\\n<json>   it finished: a retry gets this response
     R<hash>\\n<json>             a stream was interrupted (its engine worker died): the first
                                retry claims it (back to P) and continues the turn from the state
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,16 +33,19 @@ IDEMPOTENCY_TTL_S = 24 * 3600
 IN_FLIGHT_TTL_S = 3600
 _MAX_KEY_LEN = 200
 
-# KEYS[1] record; ARGV[1] request hash, ARGV[2] TTL. A new or interrupted record becomes "P".
+# KEYS[1] record; ARGV[1] request hash, ARGV[2] TTL, ARGV[3] this attempt's token. A new or
+# interrupted record becomes "P<hash><token>"; finding our own token again means an earlier
+# try of this very claim landed but its reply was lost (the store died): still ours.
 _CLAIM = """
 local cur = redis.call('GET', KEYS[1])
-if not cur then
-  redis.call('SET', KEYS[1], 'P' .. ARGV[1], 'EX', ARGV[2])
+local mine = 'P' .. ARGV[1] .. ARGV[3]
+if not cur or cur == mine then
+  redis.call('SET', KEYS[1], mine, 'EX', ARGV[2])
   return {'NEW', ''}
 end
 if string.sub(cur, 2, 65) ~= ARGV[1] then return {'CONFLICT', ''} end
 local kind = string.sub(cur, 1, 1)
-if kind == 'R' then redis.call('SET', KEYS[1], 'P' .. ARGV[1], 'EX', ARGV[2]) end
+if kind == 'R' then redis.call('SET', KEYS[1], mine, 'EX', ARGV[2]) end
 return {kind, cur}
 """
 
@@ -99,7 +103,9 @@ class IdempotencyStore:
         if not key or len(key) > _MAX_KEY_LEN or not key.isprintable():
             raise InvalidRequest(f"Idempotency-Key must be 1-{_MAX_KEY_LEN} printable characters")
         rkey = f"{self.prefix}{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
-        kind, raw = await self._claim(keys=[rkey], args=[req_hash, IN_FLIGHT_TTL_S])
+        token = secrets.token_hex(16)
+        kind, raw = await through_store_outage(
+            lambda: self._claim(keys=[rkey], args=[req_hash, IN_FLIGHT_TTL_S, token]))
         kind = kind.decode() if isinstance(kind, bytes) else str(kind)
         record = raw.decode() if isinstance(raw, bytes) else str(raw)
         if kind == "NEW":

@@ -121,7 +121,8 @@ class TurnService:
         spec = GenerationSpec(
             f"{tenant}:{session.model}", ref_of(target.parent), delta, params,
             engine_ref(input_turn.id), session.id, constraint,
-            lambda: self.store.token_path(session.id, input_turn.id, tenant=tenant))
+            lambda: through_store_outage(lambda: self.store.token_path(
+                session.id, input_turn.id, tenant=tenant)))
         finished: Finished | None = None
         finished_ns: int | None = None
         stream = generate(self.engine, spec, parser, progress=progress,
