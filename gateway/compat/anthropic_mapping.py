@@ -44,7 +44,9 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p, top_k=request.top_k or 0,
             stop=tuple(s for s in request.stop_sequences or () if s),
-            tool_choice=generation.tool_choice)
+            tool_choice=generation.tool_choice,
+            parallel_tool_calls=not (request.tool_choice is not None
+                                     and request.tool_choice.disable_parallel_tool_use))
         stream = request.stream
     system = text_of(request.system, where="system") if request.system is not None else None
     return Conversation(model=request.model, system=system or None, messages=tuple(messages),
@@ -52,6 +54,9 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
 
 
 def _native(message: MessageParam, where: str) -> list[dict[str, Any]]:
+    if message.role == "system":  # an empty one (Claude Code's placeholder) adds nothing
+        text = text_of(message.content, where=f"{where}.content")
+        return [{"role": "system", "content": text}] if text else []
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     if message.role == "assistant":

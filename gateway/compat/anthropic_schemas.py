@@ -26,10 +26,12 @@ class ToolSpec(_Open):
 class ToolChoiceSpec(_Open):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    disable_parallel_tool_use: bool = False  # True: at most one tool_use block per reply
 
 
 class MessageParam(_Open):
-    role: Literal["user", "assistant"]
+    # "system": a mid-conversation system turn (Claude Code sends one under a beta)
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 

@@ -36,6 +36,7 @@ class Generation:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     tool_choice: ToolChoice | None = None  # None: no tools declared
+    parallel_tool_calls: bool = True  # False: the reply ends after its first tool call
 
 
 @dataclass(frozen=True)

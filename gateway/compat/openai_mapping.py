@@ -42,7 +42,8 @@ def conversation_of(request: ChatCompletionRequest) -> Conversation:
         max_tokens=request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
-        stop=tuple(s for s in stop if s), tool_choice=_tool_choice(request, tools))
+        stop=tuple(s for s in stop if s), tool_choice=_tool_choice(request, tools),
+        parallel_tool_calls=request.parallel_tool_calls is not False)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Conversation(model=request.model, system="\n".join(system_parts) or None,
                         messages=tuple(native), generation=generation, tools=tools,

@@ -74,6 +74,7 @@ class ChatCompletionRequest(_Open):
     stream_options: StreamOptions | None = None
     tools: list[ToolSpec] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # False: at most one call per reply
     n: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None

@@ -101,7 +101,8 @@ class CompatService:
             options = GenerateOptions(
                 max_tokens=min(gen.max_tokens, self.settings.max_tokens_limit),
                 temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, seed=gen.seed,
-                stop=list(gen.stop), tool_choice=_native_choice(gen.tool_choice))
+                stop=list(gen.stop), tool_choice=_native_choice(gen.tool_choice),
+                parallel_tool_calls=gen.parallel_tool_calls)
             return AppendTurnRequest(messages=[Message.model_validate(m)
                                                for m in conversation.messages],
                                      generate=options)
