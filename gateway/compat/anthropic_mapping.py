@@ -3,7 +3,10 @@
 A user message's `tool_result` blocks become native tool messages (in order, before the user's
 text, as the API requires them first); an assistant message's `tool_use` blocks become its
 `tool_calls`, and `thinking` blocks are dropped (the served model has no thinking to echo).
-System blocks are joined with newlines.
+System blocks are joined with newlines, except Claude Code's `x-anthropic-billing-header:` line:
+it is billing metadata for Anthropic's API, not instructions, and it changes with every
+conversation, so rendering it would leave two conversations with one system prompt no prefix
+to share.
 """
 
 from __future__ import annotations
@@ -48,9 +51,19 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
             parallel_tool_calls=not (request.tool_choice is not None
                                      and request.tool_choice.disable_parallel_tool_use))
         stream = request.stream
-    system = text_of(request.system, where="system") if request.system is not None else None
+    system = _system_text(request.system)
     return Conversation(model=request.model, system=system or None, messages=tuple(messages),
                         generation=generation, tools=tools, stream=stream)
+
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system
+    texts = [text_of([block], where=f"system[{i}]") for i, block in enumerate(system)]
+    return "\n".join(t for t in texts if not t.startswith(BILLING_HEADER))
 
 
 def _native(message: MessageParam, where: str) -> list[dict[str, Any]]:

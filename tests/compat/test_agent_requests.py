@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.compat import anthropic_mapping
+from gateway.compat.anthropic_schemas import MessagesRequest
 from tests.compat.conftest import WEATHER_TOOL, Live
 
 CLAUDE_TOOL: dict[str, Any] = {"name": "get_weather", "description": "Weather of a city",
@@ -45,3 +47,53 @@ def test_anthropic_system_role_message_is_accepted(live: Live) -> None:
                       {"role": "system", "content": system},
                       {"role": "user", "content": "Say hi."}])
         assert message.content and message.stop_reason in ("end_turn", "max_tokens")
+
+
+def _claude_code_first_request() -> dict[str, Any]:
+    """Claude Code 2.1's first request in `-p --bare` mode (trimmed: one tool fewer, no
+    metadata): its system blocks, the empty system-role placeholder after the prompt, and the
+    fields of its betas that the gateway ignores."""
+    return {"model": "claude-opus-5-5", "max_tokens": 8, "stream": False,
+            "system": [{"type": "text", "text": "You are a coding assistant. Be brief.",
+                        "cache_control": {"type": "ephemeral"}}],
+            "tools": [CLAUDE_TOOL],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Read calc.py.", "cache_control": {"type": "ephemeral"}}]},
+                {"role": "system", "content": []}],
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                              "keep": "all"}]},
+            "output_config": {"effort": "medium"}, "temperature": 0}
+
+
+def test_an_empty_system_role_message_maps_to_nothing() -> None:
+    # Claude Code drops the placeholder once rejected: both shapes must land on the same path.
+    body = _claude_code_first_request()
+    without = {**body, "messages": body["messages"][:1]}
+    assert anthropic_mapping.conversation_of(MessagesRequest.model_validate(body)) == \
+        anthropic_mapping.conversation_of(MessagesRequest.model_validate(without))
+
+
+def test_claude_code_first_request_is_answered(live: Live) -> None:
+    with live.http() as http:
+        r = http.post("/v1/messages", json=_claude_code_first_request(), headers={
+            "anthropic-version": "2023-06-01",
+            "anthropic-beta": "claude-code-20250219,context-management-2025-06-27,"
+                              "per-turn-control-2026-07-01,effort-2025-11-24"})
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message"
+
+
+def test_claude_code_billing_line_is_not_rendered() -> None:
+    """It changes with every conversation: kept, two Claude Code conversations with one system
+    prompt would share no prefix."""
+    def system_of(suffix: str) -> str | None:
+        body = {**_claude_code_first_request(), "system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332.{suffix}; "
+                                     "cc_entrypoint=sdk-cli;"},
+            {"type": "text", "text": "You are a Claude agent."},
+            {"type": "text", "text": "You are a coding assistant. Be brief."}]}
+        return anthropic_mapping.conversation_of(MessagesRequest.model_validate(body)).system
+
+    assert system_of("930") == system_of("bf1") == (
+        "You are a Claude agent.\nYou are a coding assistant. Be brief.")

@@ -1,0 +1,19 @@
+"""One live `radixgate serve` for the agent tests (each test tells its own sessions apart by
+the session ids that appeared while it ran)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.agents.live_serve import LiveServer
+
+
+@pytest.fixture(scope="package")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    server = LiveServer(tmp_path_factory.mktemp("serve-state"))
+    try:
+        yield server
+    finally:
+        server.stop()
