@@ -163,6 +163,7 @@ class Engine:
                      self.loaded.name, self.kv_pool.layout.page_size,
                      num_drafted=self.speculator.num_drafted if self.speculator else 0,
                      num_accepted=self.speculator.num_accepted if self.speculator else 0,
+                     vocab_hash=self.loaded.tokenizer.vocab_hash,
                      num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins)
 
     def check_invariants(self) -> None:
@@ -299,9 +300,6 @@ class Engine:
         first = req.first_token_s if req.first_token_s is not None else now
         scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else now
         cached = req.first_cached_len or 0
-        bound_len = 0
-        if req.bind_turn_id is not None and req.finish_reason != "abort":
-            bound_len = req.seq_len + (1 if req.stop_token_id is not None else 0)
         return Finished(
             request_id=req.request_id, finish_reason=req.finish_reason or "abort",
             output_token_ids=list(req.output_ids), text=req.stopper.final_text,
@@ -309,7 +307,6 @@ class Engine:
             computed_len=len(req.prompt_ids) - cached, output_len=len(req.output_ids),
             timings=Timings(queue_s=scheduled - req.arrival_s, prefill_s=first - scheduled,
                             decode_s=now - first, ttft_s=first - req.arrival_s),
-            bound_turn_id=req.bind_turn_id if bound_len else None, bound_token_len=bound_len,
             stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
             num_accepted=req.num_accepted)
 

@@ -25,6 +25,10 @@ from engine.errors import EngineError
 from sessions import errors as se
 
 
+class ConfigError(RuntimeError):
+    """The gateway cannot start with this configuration (the message says what to change)."""
+
+
 class ApiError(Exception):
     """An error raised by the gateway itself; `status` and `error_type` go on the wire."""
 
@@ -92,6 +96,7 @@ _STATUS: Mapping[str, int] = {
     se.ConflictError.error_type: 409,
     se.BranchExists.error_type: 409,
     se.HeadMoved.error_type: 409,
+    se.BranchBusy.error_type: 409,
     se.VersionConflict.error_type: 412,
     se.IdempotencyConflict.error_type: 422,
     se.InvalidTreeOperation.error_type: 400,

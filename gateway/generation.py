@@ -41,24 +41,29 @@ class Progress:
 
 @dataclass(frozen=True)
 class TurnResume:
-    """An interrupted turn of a request: its stored input turn, where its reply goes, and what
-    its generation had produced. Plain data (kept under the request's Idempotency-Key)."""
+    """An interrupted turn of a request: its ids (chosen before generation; nothing is stored
+    yet), its place (parent, branch and the branch's lease), its rendered input and what its
+    generation had produced. Plain data, kept under the request's Idempotency-Key."""
 
     input_turn_id: str
+    reply_turn_id: str
     parent_turn_id: str
     branch: str | None
-    old_head: str | None
+    lease_id: str
+    delta: tuple[int, ...]
     progress: Progress
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input_turn_id": self.input_turn_id, "parent_turn_id": self.parent_turn_id,
-                "branch": self.branch, "old_head": self.old_head,
+        return {"input_turn_id": self.input_turn_id, "reply_turn_id": self.reply_turn_id,
+                "parent_turn_id": self.parent_turn_id, "branch": self.branch,
+                "lease_id": self.lease_id, "delta": list(self.delta),
                 "output_ids": list(self.progress.output_ids), "text": self.progress.text}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnResume:
-        return cls(data["input_turn_id"], data["parent_turn_id"], data["branch"],
-                   data["old_head"], Progress(tuple(data["output_ids"]), data["text"]))
+        return cls(data["input_turn_id"], data["reply_turn_id"], data["parent_turn_id"],
+                   data["branch"], data["lease_id"], tuple(data["delta"]),
+                   Progress(tuple(data["output_ids"]), data["text"]))
 
 
 class TurnInterrupted(ApiError):

@@ -186,9 +186,10 @@ return commit(result, {'branch.moved', 'branch', ARGV[7], 'from', head, 'to', AR
 """
 )
 
-# KEYS: meta, br, turns, ev, root turn. ARGV[1] tenant, ARGV[2] create hash ('' = none),
+# KEYS: meta, br, turns, ev, root turn, paths. ARGV[1] tenant, ARGV[2] create hash ('' = none),
 # ARGV[3] model, ARGV[4] metadata, ARGV[5] system, ARGV[6] tools (JSON), ARGV[7] root id,
-# ARGV[8] packed system token ids, ARGV[9] default branch, ARGV[10] stream MAXLEN ~.
+# ARGV[8] packed system token ids, ARGV[9] default branch, ARGV[10] stream MAXLEN ~,
+# ARGV[11] the root's path hash to index ('' = none; `sessions.path_index`).
 # The create's idempotency record is `create_hash` in meta: it never expires, and a replay
 # reports the first result (version 1, only the default branch) rebuilt from meta.
 CREATE: Final = """
@@ -212,6 +213,7 @@ redis.call('HSET', KEYS[5], 'parent', '', 'depth', '0', 'seq', '0', 'version', '
            'num_tokens', tostring(#ARGV[8] / 4), 'usage', 'null', 'finish_reason', '',
            'created_ms', now_str)
 redis.call('ZADD', KEYS[3], 0, ARGV[7])
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[6], ARGV[11], ARGV[7]) end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', 'type', 'session.created',
            'version', '1', 'root', ARGV[7], 'branch', ARGV[9])
 return {'OK', redis.call('HGETALL', KEYS[1])}

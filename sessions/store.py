@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from sessions import lua
 from sessions.codec import (
@@ -93,8 +95,10 @@ class SessionStore(SessionReader):
         tools: Sequence[Mapping[str, Any]] = (),
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        root_path_hash: str | None = None,
     ) -> Session:
         """Create a session whose root turn holds `system_token_ids`; branch "main" points at it.
+        One round trip; with `root_path_hash` the root is also indexed under it (path index).
 
         Version 1. With `idempotency_key` the session id is derived from (tenant, key), so a retry
         returns the session as first created (no expiry while the session exists; after
@@ -115,17 +119,28 @@ class SessionStore(SessionReader):
                 "create",
                 {"model": model, "fields": fields, "tokens": hashlib.sha256(blob).hexdigest()},
             )
-        keys_ = [keys.meta, keys.branches, keys.turns, keys.events, keys.turn(root_id)]
+        keys_ = [keys.meta, keys.branches, keys.turns, keys.events, keys.turn(root_id),
+                 keys.paths]
         args: list[str | bytes] = [tenant, create_hash, model, *fields, root_id, blob]
-        args += [DEFAULT_BRANCH, str(self._maxlen)]
-        reply = await self._create(keys=keys_, args=args)
+        args += [DEFAULT_BRANCH, str(self._maxlen), root_path_hash or ""]
+        # The tenant's index is in another slot; sent in the same round trip (NX keeps a
+        # replay's first score). It is only a listing: an entry whose create failed names a
+        # session that reads as missing.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            # evalsha itself: a pipeline given the Script would first ask SCRIPT EXISTS.
+            pipe.evalsha(self._create.sha, len(keys_), *keys_, *args)
+            pipe.zadd(tenant_index_key(self.key_prefix, tenant), {sid: time.time() * 1000},
+                      nx=True)
+            reply, _ = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):  # a restarted server: load it (one more trip)
+            reply = await self._create(keys=keys_, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
         if reply[0] not in (b"OK", b"DUP"):
             raise_for_reply(reply, sid)
         meta = pairs(reply[1])
         root = text(meta.get(b"root"))
-        session = decode_session(sid, meta, 1, {text(meta.get(b"default_branch")): root})
-        await self.redis.zadd(tenant_index_key(self.key_prefix, tenant), {sid: session.created_ms})
-        return session
+        return decode_session(sid, meta, 1, {text(meta.get(b"default_branch")): root})
 
     async def append_turns(
         self,

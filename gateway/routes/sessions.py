@@ -111,13 +111,14 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
     if len(body.messages) > settings.max_messages:
         raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
     payload = {"body": body.model_dump(mode="json"), "if_match": expected}
+    req_hash = request_hash(request.method, request.url.path, payload)
     if body.generate.stream:
         return await _stream_turn(session_id, body, request, tenant, turns, idem, expected,
-                                  telemetry, key, payload)
-    events = traced_turn(telemetry, turns.run_turn(tenant, session_id, body,
-                                                   expected_version=expected),
-                         model=request.state.model_name, session_id=session_id,
-                         max_tokens=body.generate.max_tokens)
+                                  telemetry, key, req_hash)
+    events = traced_turn(telemetry, turns.run_turn(
+        tenant, session_id, body, expected_version=expected, idempotency_key=key,
+        request_hash=req_hash), model=request.state.model_name, session_id=session_id,
+        max_tokens=body.generate.max_tokens)
 
     async def compute() -> tuple[int, Any]:
         async for event in events:
@@ -125,19 +126,19 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
                 return 200, turn_view(event.turn, event.branch).model_dump(mode="json")
         raise AssertionError("run_turn ended without TurnEnded")
 
-    return await _once(idem, tenant, key, request, payload, compute)
+    status, content = await idem.run(tenant, key, req_hash, compute)
+    return JSONResponse(content, status_code=status)
 
 
 async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Request, tenant: str,
                        turns: TurnService, idem: IdempotencyStore, expected: int | None,
-                       telemetry: Telemetry, key: str | None, payload: Any) -> Response:
+                       telemetry: Telemetry, key: str | None, req_hash: str) -> Response:
     """A streamed turn. With an Idempotency-Key, a retry replays the finished turn, or
     continues one whose engine worker died mid-stream (SSE `error` of type turn_interrupted)."""
     claim: Claim | None = None
     resume: TurnResume | None = None
     if key is not None:
-        outcome = await idem.claim(tenant, key, request_hash(request.method, request.url.path,
-                                                             payload))
+        outcome = await idem.claim(tenant, key, req_hash)
         if isinstance(outcome, Replay):
             return StreamingResponse(replayed_stream(outcome.body["parent_turn_id"],
                                                      outcome.body["turn"]),
@@ -146,7 +147,8 @@ async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Reques
         if claim.state is not None:
             resume = TurnResume.from_dict(claim.state["resume"])
     events = traced_turn(telemetry, turns.run_turn(
-        tenant, session_id, body, expected_version=expected, resume=resume, interruptible=True),
+        tenant, session_id, body, expected_version=expected, resume=resume, interruptible=True,
+        idempotency_key=key, request_hash=req_hash),
         model=request.state.model_name, session_id=session_id,
         max_tokens=body.generate.max_tokens)
     record = _IdempotentStream(idem, claim) if claim is not None else None
