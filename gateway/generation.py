@@ -71,7 +71,7 @@ class TurnInterrupted(ApiError):
     Idempotency-Key continues the turn. `progress` is what was produced; `resume` (set by the
     turn service) is everything a retry needs to continue it."""
 
-    status, error_type = 503, "turn_interrupted"
+    error_type = "turn_interrupted"
 
     def __init__(self, message: str, progress: Progress) -> None:
         super().__init__(message)
