@@ -27,6 +27,7 @@ from gateway.limits import RequestLimits
 from gateway.rendering import TurnRenderer
 from gateway.routes import health, metrics, sessions
 from gateway.settings import GatewaySettings
+from gateway.shared_streams import SharedStreams
 from gateway.store_supervisor import StoreSupervisor
 from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
@@ -45,6 +46,7 @@ class State(TypedDict):
     model_name: str
     telemetry: Telemetry
     store_supervisor: StoreSupervisor | None  # the embedded Valkey's, when `serve` owns one
+    streams: SharedStreams  # running streams a retry with their Idempotency-Key can join
 
 
 def create_app(settings: GatewaySettings | None = None, *,
@@ -81,7 +83,7 @@ def create_app(settings: GatewaySettings | None = None, *,
                         idempotency=IdempotencyStore(client, settings.key_prefix),
                         engine=link, turns=turns, model_name=name,
                         telemetry=Telemetry.create(provider),
-                        store_supervisor=store_supervisor)
+                        store_supervisor=store_supervisor, streams=SharedStreams())
         finally:
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters

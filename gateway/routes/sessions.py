@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -18,7 +18,7 @@ from gateway.deps import (
     TenantDep,
     TurnServiceDep,
 )
-from gateway.errors import InvalidRequest, request_id_of
+from gateway.errors import InFlight, InvalidRequest, request_id_of
 from gateway.generation import TurnResume
 from gateway.idempotency import Claim, IdempotencyStore, Replay, request_hash
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
@@ -32,6 +32,7 @@ from gateway.schemas import (
     SessionView,
     TurnView,
 )
+from gateway.shared_streams import SharedStreams
 from gateway.telemetry import Telemetry, traced_turn
 from gateway.tool_prompt import normalize_tools
 from gateway.turns import TurnEnded, TurnService, TurnStarted
@@ -137,12 +138,19 @@ async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Reques
     continues one whose engine worker died mid-stream (SSE `error` of type turn_interrupted)."""
     claim: Claim | None = None
     resume: TurnResume | None = None
+    streams: SharedStreams = request.state.streams
+    keepalive_s = request.state.settings.sse_keepalive_s
     if key is not None:
-        outcome = await idem.claim(tenant, key, req_hash)
+        try:
+            outcome = await idem.claim(tenant, key, req_hash)
+        except InFlight:
+            running = streams.get(idem.record_key(tenant, key))
+            if running is None:
+                raise  # the first request runs on another gateway replica
+            return _sse(keepalive(running.follow(request.headers.get("last-event-id")),
+                                  keepalive_s, SSE_COMMENT_PING))
         if isinstance(outcome, Replay):
-            return StreamingResponse(replayed_stream(outcome.body["parent_turn_id"],
-                                                     outcome.body["turn"]),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
+            return _sse(replayed_stream(outcome.body["parent_turn_id"], outcome.body["turn"]))
         claim = outcome
         if claim.state is not None:
             resume = TurnResume.from_dict(claim.state["resume"])
@@ -161,9 +169,13 @@ async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Reques
     assert isinstance(first, TurnStarted)
     num_sent = int(claim.state["num_events"]) if claim and claim.state else 0
     frames = sse_stream(first, events, request_id_of(request), record=record, num_sent=num_sent)
-    return StreamingResponse(keepalive(frames, request.state.settings.sse_keepalive_s,
-                                       SSE_COMMENT_PING),
-                             media_type="text/event-stream", headers=SSE_HEADERS)
+    if claim is not None:  # a retry with the key can join it while it runs
+        frames = streams.start(claim.rkey, frames).follow()
+    return _sse(keepalive(frames, keepalive_s, SSE_COMMENT_PING))
+
+
+def _sse(frames: AsyncGenerator[bytes, None]) -> StreamingResponse:
+    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 class _IdempotentStream:
