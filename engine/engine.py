@@ -79,8 +79,9 @@ class Engine:
 
     def submit(self, extend: Extend) -> list[Message]:
         """Queue a request. Returns `[Failed]` at once if it cannot run, else `[]`."""
+        arrival_s = self.clock()  # the engine's time starts here, request setup included
         try:
-            self.scheduler.add(self._make_request(extend))
+            self.scheduler.add(self._make_request(extend, arrival_s))
         except EngineError as exc:
             return [Failed(extend.request_id, exc.error_type, str(exc))]
         return []
@@ -122,15 +123,20 @@ class Engine:
         for item in items:
             item.request.num_computed += item.num_tokens - item.num_draft
         out: list[Message] = []
-        now = self.clock()
+        # The clock is read once the tokens are chosen: a token's time (TTFT) is when it can
+        # be sent, sampling included.
         if self.speculator is None or not any(item.num_draft for item in sampled_items):
             sampled = [item.request for item in sampled_items]
-            for req, choice in zip(sampled, self._choose(logits, sampled), strict=True):
+            choices = self._choose(logits, sampled)
+            now = self.clock()
+            for req, choice in zip(sampled, choices, strict=True):
                 out.extend(self._accept_token(req, choice.token_id, choice.logprob,
                                               choice.top_logprobs, now))
         else:
-            for verified in self.speculator.choose(sampled_items, logits, self._choose,
-                                                   self._mask_row):
+            verified_rows = self.speculator.choose(sampled_items, logits, self._choose,
+                                                   self._mask_row)
+            now = self.clock()
+            for verified in verified_rows:
                 out.extend(self._accept_verified(verified, now))
         if self.config.check_invariants:
             self.check_invariants()
@@ -173,7 +179,7 @@ class Engine:
 
     # ----- internals -----
 
-    def _make_request(self, extend: Extend) -> Request:
+    def _make_request(self, extend: Extend, arrival_s: float) -> Request:
         tok = self.loaded.tokenizer
         cfg = self.loaded.model.config
         prompt = list(extend.token_ids)
@@ -198,7 +204,7 @@ class Engine:
             request_id=extend.request_id, namespace=extend.namespace, prompt_ids=prompt,
             params=sampling, stop_ids=frozenset(stop_ids),
             stopper=TextStopper(tok.stream_decoder(), sampling.stop),
-            generator=make_generator(sampling), arrival_s=self.clock(),
+            generator=make_generator(sampling), arrival_s=arrival_s,
             bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar)
         _resume(req, extend.resume_output_ids)
         return req

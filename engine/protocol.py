@@ -136,7 +136,10 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
 
 
 def encode(message: Message) -> bytes:
-    body = asdict(message)
+    # A shallow dict: `asdict` would deep-copy every token list on the hot path.
+    body = {f.name: getattr(message, f.name) for f in fields(message)}
+    if isinstance(message, Finished):
+        body["timings"] = asdict(message.timings)
     if isinstance(message, Extend):
         body["sampling"] = message.sampling.to_dict()
         body["constraint"] = message.constraint.to_dict() if message.constraint else None

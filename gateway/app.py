@@ -20,6 +20,7 @@ from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyStore
 from gateway.compat import anthropic_routes, models_route, openai_routes
+from gateway.deps import Services
 from gateway.engine_link import EngineLink
 from gateway.errors import ConfigError, install_error_handlers
 from gateway.idempotency import IdempotencyStore
@@ -47,6 +48,7 @@ class State(TypedDict):
     telemetry: Telemetry
     store_supervisor: StoreSupervisor | None  # the embedded Valkey's, when `serve` owns one
     streams: SharedStreams  # running streams a retry with their Idempotency-Key can join
+    services: Services  # the turn route's collaborators in one object
 
 
 def create_app(settings: GatewaySettings | None = None, *,
@@ -77,13 +79,15 @@ def create_app(settings: GatewaySettings | None = None, *,
         turns = TurnService(store, link, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
                             max_tokens_limit=settings.max_tokens_limit, model_id=served)
         name = model_name or settings.model or "smollm2-135m"
+        idempotency = IdempotencyStore(client, settings.key_prefix)
+        telemetry = Telemetry.create(provider)
         try:
             yield State(settings=settings, redis=client, store=store,
                         keys=KeyStore(client, settings.auth_key_prefix),
-                        idempotency=IdempotencyStore(client, settings.key_prefix),
-                        engine=link, turns=turns, model_name=name,
-                        telemetry=Telemetry.create(provider),
-                        store_supervisor=store_supervisor, streams=SharedStreams())
+                        idempotency=idempotency, engine=link, turns=turns, model_name=name,
+                        telemetry=telemetry, store_supervisor=store_supervisor,
+                        streams=SharedStreams(),
+                        services=Services(settings, turns, idempotency, telemetry, name))
         finally:
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters

@@ -9,7 +9,6 @@ its AOF) before starting its own.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -22,6 +21,7 @@ import uvicorn
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway import event_loop
 from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.settings import GatewaySettings
@@ -191,7 +191,7 @@ def serve(settings: GatewaySettings, engine_args: list[str]) -> int:
         engine_args = [*engine_args, "--model", settings.model]
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        asyncio.run(_serve(settings, engine_args))
+        event_loop.run(_serve(settings, engine_args))
     except ServeError as exc:
         print(f"radixgate serve: error: {exc}", file=sys.stderr)
         return 2

@@ -33,7 +33,14 @@ from engine.protocol import Finished, Timings
 from engine.sampling_params import SamplingParams
 from gateway.engine_link import EngineLink
 from gateway.errors import InvalidRequest
-from gateway.generation import GenerationSpec, Progress, TurnInterrupted, TurnResume, generate
+from gateway.generation import (
+    GenerationSpec,
+    Progress,
+    TurnInterrupted,
+    TurnResume,
+    first_extend,
+    generate,
+)
 from gateway.rendering import TurnRenderer
 from gateway.schemas import AppendTurnRequest, GenerateOptions, NamedToolChoice
 from gateway.store_retry import through_store_outage
@@ -127,20 +134,31 @@ class TurnService:
         except BaseException:
             await self._release(start)
             raise
-        yield TurnStarted(input_id, parent.id, session.model, start.branch, session.id)
         parser = ToolCallParser() if constraint and constraint.mode != "none" else None
         if parser is not None and progress.text:
             parser.feed(progress.text)  # its events were shown by the interrupted run
         spec = GenerationSpec(f"{tenant}:{self.model_id}", ref_of(parent), delta, params,
                               reply_id, session.id, constraint,
                               lambda: self._full_path(session.id, tenant, parent, delta))
+        try:  # sent before the client hears of the turn: the engine starts at once
+            extend = await first_extend(spec, progress)
+            replies = await self.engine.start(extend)
+        except BaseException:
+            await self._release(start)
+            raise
+        try:
+            yield TurnStarted(input_id, parent.id, session.model, start.branch, session.id)
+        except BaseException:
+            await replies.aclose()
+            await self._release(start)
+            raise
         finished: Finished | None = None
         finished_ns: int | None = None
         kept = False  # the lease outlives this call (an interrupted stream continues later)
         try:
             with self._renewing(start):
-                stream = generate(self.engine, spec, parser, progress=progress,
-                                  interruptible=interruptible)
+                stream = generate(self.engine, spec, parser, started=(extend, replies),
+                                  progress=progress, interruptible=interruptible)
                 async with aclosing(stream):  # closing must reach the engine (Abort)
                     async for event in stream:
                         if isinstance(event, Finished):

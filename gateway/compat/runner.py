@@ -156,7 +156,7 @@ async def final_turn(events: AsyncGenerator[TurnEvent, None]) -> TurnEnded:
     raise AssertionError("run_turn ended without TurnEnded")
 
 
-def get_compat(request: Request) -> CompatService:
+async def get_compat(request: Request) -> CompatService:
     state = request.state
     turns: TurnService = state.turns
     settings: GatewaySettings = state.settings

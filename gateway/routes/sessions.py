@@ -12,9 +12,8 @@ from gateway.deps import (
     ExpectedVersionDep,
     IdempotencyDep,
     IdempotencyKeyDep,
+    ServicesDep,
     SessionStoreDep,
-    SettingsDep,
-    TelemetryDep,
     TenantDep,
     TurnServiceDep,
 )
@@ -49,7 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 async def _once(idem: IdempotencyStore, tenant: str, key: str | None, request: Request,
                 body: Any, compute: Callable[[], Awaitable[tuple[int, Any]]]) -> JSONResponse:
     req_hash = request_hash(request.method, request.url.path, body)
-    status, content = await idem.run(tenant, key, req_hash, compute)
+    status, content = await idem.run(tenant, key, req_hash or "", compute)
     return JSONResponse(content, status_code=status)
 
 
@@ -106,13 +105,16 @@ async def get_turn(session_id: str, turn_id: str, tenant: TenantDep,
 @router.post("/{session_id}/turns", response_model=TurnView, responses={
     **_ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
 async def append_turn(session_id: str, body: AppendTurnRequest, request: Request,
-                      tenant: TenantDep, turns: TurnServiceDep, settings: SettingsDep,
-                      idem: IdempotencyDep, expected: ExpectedVersionDep,
-                      telemetry: TelemetryDep, key: IdempotencyKeyDep = None) -> Response:
+                      tenant: TenantDep, services: ServicesDep, expected: ExpectedVersionDep,
+                      key: IdempotencyKeyDep = None) -> Response:
+    settings, turns, idem = services.settings, services.turns, services.idempotency
+    telemetry = services.telemetry
     if len(body.messages) > settings.max_messages:
         raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
-    payload = {"body": body.model_dump(mode="json"), "if_match": expected}
-    req_hash = request_hash(request.method, request.url.path, payload)
+    req_hash = None  # only an Idempotency-Key needs the request's hash
+    if key is not None:
+        payload = {"body": body.model_dump(mode="json"), "if_match": expected}
+        req_hash = request_hash(request.method, request.url.path, payload)
     if body.generate.stream:
         return await _stream_turn(session_id, body, request, tenant, turns, idem, expected,
                                   telemetry, key, req_hash)
@@ -127,20 +129,21 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
                 return 200, turn_view(event.turn, event.branch).model_dump(mode="json")
         raise AssertionError("run_turn ended without TurnEnded")
 
-    status, content = await idem.run(tenant, key, req_hash, compute)
+    status, content = await idem.run(tenant, key, req_hash or "", compute)
     return JSONResponse(content, status_code=status)
 
 
 async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Request, tenant: str,
                        turns: TurnService, idem: IdempotencyStore, expected: int | None,
-                       telemetry: Telemetry, key: str | None, req_hash: str) -> Response:
+                       telemetry: Telemetry, key: str | None, req_hash: str | None
+                       ) -> Response:
     """A streamed turn. With an Idempotency-Key, a retry replays the finished turn, or
     continues one whose engine worker died mid-stream (SSE `error` of type turn_interrupted)."""
     claim: Claim | None = None
     resume: TurnResume | None = None
     streams: SharedStreams = request.state.streams
     keepalive_s = request.state.settings.sse_keepalive_s
-    if key is not None:
+    if key is not None and req_hash is not None:
         try:
             outcome = await idem.claim(tenant, key, req_hash)
         except InFlight:
