@@ -67,22 +67,24 @@ class EngineClient:
         return client
 
     async def extend(self, request: Extend) -> AsyncIterator[TokenChunk | Finished | Failed]:
+        replies = await self.start(request)
+        try:
+            async for message in replies:
+                yield message
+        finally:
+            await replies.aclose()
+
+    async def start(self, request: Extend) -> ReplyStream:
+        """Send `request` now; its replies come from the returned stream, whose `aclose()`
+        before the end aborts the request in the engine."""
         queue: asyncio.Queue[Message] = asyncio.Queue()
         self._queues[request.request_id] = queue
-        done = False
         try:
             await self._send(request)
-            while True:
-                message = await queue.get()
-                if isinstance(message, TokenChunk | Finished | Failed):
-                    done = isinstance(message, Finished | Failed)
-                    yield message
-                    if done:
-                        return
-        finally:
+        except BaseException:
             self._queues.pop(request.request_id, None)
-            if not done and not self._closed:
-                await self._send(Abort(request.request_id))
+            raise
+        return ReplyStream(self, request.request_id, queue)
 
     async def pin(self, turn_id: str, ttl_s: float) -> None:
         await self._send(Pin(turn_id, ttl_s))
@@ -121,6 +123,41 @@ class EngineClient:
         queue = self._queues.get(getattr(message, "request_id", ""))
         if queue is not None:
             queue.put_nowait(message)
+
+
+class ReplyStream:
+    """The replies of one started request: TokenChunk*, then Finished or Failed."""
+
+    def __init__(self, client: EngineClient, request_id: str,
+                 queue: asyncio.Queue[Message]) -> None:
+        self._client = client
+        self._request_id = request_id
+        self._queue = queue
+        self._done = False
+        self._closed = False
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self) -> TokenChunk | Finished | Failed:
+        if self._done or self._closed:
+            raise StopAsyncIteration
+        while True:
+            message = await self._queue.get()
+            if isinstance(message, TokenChunk | Finished | Failed):
+                if isinstance(message, Finished | Failed):
+                    self._done = True
+                    self._client._queues.pop(self._request_id, None)
+                return message
+
+    async def aclose(self) -> None:
+        """Stop following; a request that has not ended is aborted in the engine."""
+        if self._closed:
+            return
+        self._closed = True
+        self._client._queues.pop(self._request_id, None)
+        if not self._done and not self._client._closed:
+            await self._client._send(Abort(self._request_id))
 
 
 class _ThreadTransport:

@@ -79,8 +79,9 @@ class Engine:
 
     def submit(self, extend: Extend) -> list[Message]:
         """Queue a request. Returns `[Failed]` at once if it cannot run, else `[]`."""
+        arrival_s = self.clock()  # the engine's time starts here, request setup included
         try:
-            self.scheduler.add(self._make_request(extend))
+            self.scheduler.add(self._make_request(extend, arrival_s))
         except EngineError as exc:
             return [Failed(extend.request_id, exc.error_type, str(exc))]
         return []
@@ -122,15 +123,20 @@ class Engine:
         for item in items:
             item.request.num_computed += item.num_tokens - item.num_draft
         out: list[Message] = []
-        now = self.clock()
+        # The clock is read once the tokens are chosen: a token's time (TTFT) is when it can
+        # be sent, sampling included.
         if self.speculator is None or not any(item.num_draft for item in sampled_items):
             sampled = [item.request for item in sampled_items]
-            for req, choice in zip(sampled, self._choose(logits, sampled), strict=True):
+            choices = self._choose(logits, sampled)
+            now = self.clock()
+            for req, choice in zip(sampled, choices, strict=True):
                 out.extend(self._accept_token(req, choice.token_id, choice.logprob,
                                               choice.top_logprobs, now))
         else:
-            for verified in self.speculator.choose(sampled_items, logits, self._choose,
-                                                   self._mask_row):
+            verified_rows = self.speculator.choose(sampled_items, logits, self._choose,
+                                                   self._mask_row)
+            now = self.clock()
+            for verified in verified_rows:
                 out.extend(self._accept_verified(verified, now))
         if self.config.check_invariants:
             self.check_invariants()
@@ -163,6 +169,7 @@ class Engine:
                      self.loaded.name, self.kv_pool.layout.page_size,
                      num_drafted=self.speculator.num_drafted if self.speculator else 0,
                      num_accepted=self.speculator.num_accepted if self.speculator else 0,
+                     vocab_hash=self.loaded.tokenizer.vocab_hash,
                      num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins)
 
     def check_invariants(self) -> None:
@@ -172,7 +179,7 @@ class Engine:
 
     # ----- internals -----
 
-    def _make_request(self, extend: Extend) -> Request:
+    def _make_request(self, extend: Extend, arrival_s: float) -> Request:
         tok = self.loaded.tokenizer
         cfg = self.loaded.model.config
         prompt = list(extend.token_ids)
@@ -197,7 +204,7 @@ class Engine:
             request_id=extend.request_id, namespace=extend.namespace, prompt_ids=prompt,
             params=sampling, stop_ids=frozenset(stop_ids),
             stopper=TextStopper(tok.stream_decoder(), sampling.stop),
-            generator=make_generator(sampling), arrival_s=self.clock(),
+            generator=make_generator(sampling), arrival_s=arrival_s,
             bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar)
         _resume(req, extend.resume_output_ids)
         return req
@@ -299,9 +306,6 @@ class Engine:
         first = req.first_token_s if req.first_token_s is not None else now
         scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else now
         cached = req.first_cached_len or 0
-        bound_len = 0
-        if req.bind_turn_id is not None and req.finish_reason != "abort":
-            bound_len = req.seq_len + (1 if req.stop_token_id is not None else 0)
         return Finished(
             request_id=req.request_id, finish_reason=req.finish_reason or "abort",
             output_token_ids=list(req.output_ids), text=req.stopper.final_text,
@@ -309,7 +313,6 @@ class Engine:
             computed_len=len(req.prompt_ids) - cached, output_len=len(req.output_ids),
             timings=Timings(queue_s=scheduled - req.arrival_s, prefill_s=first - scheduled,
                             decode_s=now - first, ttft_s=first - req.arrival_s),
-            bound_turn_id=req.bind_turn_id if bound_len else None, bound_token_len=bound_len,
             stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
             num_accepted=req.num_accepted)
 

@@ -59,10 +59,3 @@ class KVPool:
 
     def flat_v(self, layer_idx: int) -> torch.Tensor:
         return self.v[layer_idx].view(-1, *self.v[layer_idx].shape[2:])
-
-    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        """Copy token rows between slots in every layer (used to copy a partial page)."""
-        for layer_idx in range(len(self.k)):
-            fk, fv = self.flat_k(layer_idx), self.flat_v(layer_idx)
-            fk[dst_slots] = fk[src_slots]
-            fv[dst_slots] = fv[src_slots]

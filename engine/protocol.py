@@ -63,8 +63,6 @@ class Finished:
     computed_len: int  # prompt tokens computed for this request (prompt_len - cached_len)
     output_len: int
     timings: Timings = field(default_factory=Timings)
-    bound_turn_id: str | None = None
-    bound_token_len: int = 0  # length of the token path bound to the turn
     stop_token_id: int | None = None  # the stop token that ended generation, if any
     num_drafted: int = 0
     num_accepted: int = 0
@@ -113,6 +111,7 @@ class Stats:
     page_size: int
     num_drafted: int = 0  # draft tokens proposed / accepted since the engine started
     num_accepted: int = 0
+    vocab_hash: str = ""  # Tokenizer.vocab_hash of the served model (the gateway checks it)
     num_locked_pages: int = 0  # cached pages that running requests hold (not evictable)
     num_pins: int = 0  # branch heads pinned by the gateway
 
@@ -137,7 +136,10 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
 
 
 def encode(message: Message) -> bytes:
-    body = asdict(message)
+    # A shallow dict: `asdict` would deep-copy every token list on the hot path.
+    body = {f.name: getattr(message, f.name) for f in fields(message)}
+    if isinstance(message, Finished):
+        body["timings"] = asdict(message.timings)
     if isinstance(message, Extend):
         body["sampling"] = message.sampling.to_dict()
         body["constraint"] = message.constraint.to_dict() if message.constraint else None

@@ -7,6 +7,8 @@ special tokens are tiktoken special tokens, and the pre-tokenizer regex is the m
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +38,7 @@ class Tokenizer:
         "_special_pattern",
         "_chat_template",
         "_stop_token_ids",
+        "_vocab_hash",
     )
 
     def __init__(self, vocab: BPEVocab) -> None:
@@ -68,6 +71,11 @@ class Tokenizer:
         self._chat_template = _chat_template_for(vocab)
         stop = [vocab.eos_token_id, *map(specials.get, STOP_TOKEN_TEXTS)]
         self._stop_token_ids = tuple(dict.fromkeys(i for i in stop if i is not None))
+        digest = hashlib.sha256(vocab.pattern.encode())
+        for token in vocab.token_bytes:
+            digest.update(len(token).to_bytes(4, "little") + token)
+        digest.update(json.dumps(sorted(specials.items())).encode())
+        self._vocab_hash = digest.hexdigest()[:32]
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
@@ -86,6 +94,12 @@ class Tokenizer:
         if path.is_dir():
             return cls.from_tokenizer_json(path / "tokenizer.json")
         return cls.from_gguf(path)
+
+    @property
+    def vocab_hash(self) -> str:
+        """A digest of the vocabulary (token bytes in id order, specials, split pattern): two
+        tokenizers with the same hash map text to the same ids."""
+        return self._vocab_hash
 
     @property
     def vocab_size(self) -> int:

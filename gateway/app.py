@@ -20,13 +20,15 @@ from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyStore
 from gateway.compat import anthropic_routes, models_route, openai_routes
+from gateway.deps import Services
 from gateway.engine_link import EngineLink
-from gateway.errors import install_error_handlers
+from gateway.errors import ConfigError, install_error_handlers
 from gateway.idempotency import IdempotencyStore
 from gateway.limits import RequestLimits
 from gateway.rendering import TurnRenderer
 from gateway.routes import health, metrics, sessions
 from gateway.settings import GatewaySettings
+from gateway.shared_streams import SharedStreams
 from gateway.store_supervisor import StoreSupervisor
 from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
@@ -45,6 +47,8 @@ class State(TypedDict):
     model_name: str
     telemetry: Telemetry
     store_supervisor: StoreSupervisor | None  # the embedded Valkey's, when `serve` owns one
+    streams: SharedStreams  # running streams a retry with their Idempotency-Key can join
+    services: Services  # the turn route's collaborators in one object
 
 
 def create_app(settings: GatewaySettings | None = None, *,
@@ -70,17 +74,20 @@ def create_app(settings: GatewaySettings | None = None, *,
         client = redis if redis is not None else _open_redis(settings)
         link = await _open_engine(settings, engine_client)
         tok = tokenizer or _load_tokenizer(settings)
+        served = await _served_model(link, tok, settings)
         store = SessionStore(client, key_prefix=settings.key_prefix)
         turns = TurnService(store, link, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
-                            max_tokens_limit=settings.max_tokens_limit)
+                            max_tokens_limit=settings.max_tokens_limit, model_id=served)
         name = model_name or settings.model or "smollm2-135m"
+        idempotency = IdempotencyStore(client, settings.key_prefix)
+        telemetry = Telemetry.create(provider)
         try:
             yield State(settings=settings, redis=client, store=store,
                         keys=KeyStore(client, settings.auth_key_prefix),
-                        idempotency=IdempotencyStore(client, settings.key_prefix),
-                        engine=link, turns=turns, model_name=name,
-                        telemetry=Telemetry.create(provider),
-                        store_supervisor=store_supervisor)
+                        idempotency=idempotency, engine=link, turns=turns, model_name=name,
+                        telemetry=telemetry, store_supervisor=store_supervisor,
+                        streams=SharedStreams(),
+                        services=Services(settings, turns, idempotency, telemetry, name))
         finally:
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters
@@ -120,6 +127,23 @@ async def _open_engine(settings: GatewaySettings,
         raise RuntimeError("RADIXGATE_ENGINE_URL is not set (`radixgate serve` spawns a worker)")
     client = await EngineClient.connect(settings.engine_url)
     return EngineLink(client, timeout_s=settings.engine_timeout_s)
+
+
+async def _served_model(link: EngineLink, tokenizer: Tokenizer,
+                        settings: GatewaySettings) -> str:
+    """The engine's model id, once its vocabulary is known to be the gateway's: the gateway
+    renders token ids the engine must read the same way. Raises ConfigError."""
+    client = await link.live()
+    try:
+        stats = await client.stats(timeout_s=settings.engine_timeout_s)
+    except TimeoutError as exc:
+        raise ConfigError("the engine did not answer its first stats request") from exc
+    if stats.vocab_hash and stats.vocab_hash != tokenizer.vocab_hash:
+        raise ConfigError(
+            f"the engine serves {stats.model!r}, whose vocabulary differs from the gateway's "
+            f"tokenizer ({settings.model or 'the embedded model'}): start both with the same "
+            "--model (RADIXGATE_MODEL)")
+    return stats.model
 
 
 def _load_tokenizer(settings: GatewaySettings) -> Tokenizer:

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -37,12 +38,17 @@ def parse_credentials(authorization: str | None, x_api_key: str | None) -> str |
     return None
 
 
+MAX_CACHED_KEYS = 4096
+
+
 class KeyStore:
-    """Create and resolve API keys. Stateless besides the Redis client."""
+    """Create and resolve API keys. Remembers the keys it has resolved: a stored key's tenant
+    never changes (keys are not revoked), so a known key costs no round trip."""
 
     def __init__(self, redis: Redis, prefix: str) -> None:
         self.redis = redis
         self.prefix = prefix
+        self._known: OrderedDict[str, str] = OrderedDict()  # key digest -> tenant
 
     async def create(self, tenant: str) -> str:
         """Store a new key for `tenant` and return it (the only time it is visible).
@@ -72,12 +78,20 @@ class KeyStore:
                 hash_key(key), hash_key(policy.api_key)):
             return LOCAL_TENANT
         digest = hash_key(key) if key is not None else ""
+        known = self._known.get(digest)
+        if known is not None:
+            self._known.move_to_end(digest)
+            return known
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(f"{self.prefix}key:{digest}")
             pipe.scard(f"{self.prefix}keys")
             stored, num_keys = await pipe.execute()
         if stored is not None and key is not None:
-            return stored.decode() if isinstance(stored, bytes) else str(stored)
+            tenant = stored.decode() if isinstance(stored, bytes) else str(stored)
+            self._known[digest] = tenant
+            if len(self._known) > MAX_CACHED_KEYS:
+                self._known.popitem(last=False)
+            return tenant
         if policy.api_key is None and not num_keys and policy.allow_open:
             return LOCAL_TENANT
         if key is None:

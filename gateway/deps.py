@@ -1,10 +1,14 @@
 """`Annotated` dependency aliases: handler signatures read like types.
 
+Every dependency is `async def`: FastAPI runs a plain `def` dependency in a worker thread, a
+thread hop per dependency per request for what is an attribute read.
+
 Everything comes from the lifespan `State` (`request.state`); nothing is module-global.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -19,32 +23,32 @@ from gateway.turns import TurnService
 from sessions import SessionStore
 
 
-def get_settings(request: Request) -> GatewaySettings:
+async def get_settings(request: Request) -> GatewaySettings:
     settings: GatewaySettings = request.state.settings
     return settings
 
 
-def get_store(request: Request) -> SessionStore:
+async def get_store(request: Request) -> SessionStore:
     store: SessionStore = request.state.store
     return store
 
 
-def get_engine(request: Request) -> EngineLink:
+async def get_engine(request: Request) -> EngineLink:
     engine: EngineLink = request.state.engine
     return engine
 
 
-def get_turns(request: Request) -> TurnService:
+async def get_turns(request: Request) -> TurnService:
     service: TurnService = request.state.turns
     return service
 
 
-def get_telemetry(request: Request) -> Telemetry:
+async def get_telemetry(request: Request) -> Telemetry:
     telemetry: Telemetry = request.state.telemetry
     return telemetry
 
 
-def get_idempotency(request: Request) -> IdempotencyStore:
+async def get_idempotency(request: Request) -> IdempotencyStore:
     idem: IdempotencyStore = request.state.idempotency
     return idem
 
@@ -56,7 +60,8 @@ async def get_tenant(
 ) -> str:
     """The caller's tenant (401 `authentication_error` without a valid key where one is needed)."""
     keys: KeyStore = request.state.keys
-    policy = get_settings(request).access_policy
+    settings: GatewaySettings = request.state.settings
+    policy = settings.access_policy
     try:
         key = parse_credentials(authorization, x_api_key)
     except AuthenticationError:
@@ -66,7 +71,24 @@ async def get_tenant(
     return await keys.tenant_of(key, policy)
 
 
-def get_expected_version(
+@dataclass(frozen=True)
+class Services:
+    """The collaborators a turn route needs, built once by the lifespan: one dependency for
+    what would be five (each dependency costs FastAPI work per request)."""
+
+    settings: GatewaySettings
+    turns: TurnService
+    idempotency: IdempotencyStore
+    telemetry: Telemetry
+    model_name: str
+
+
+async def get_services(request: Request) -> Services:
+    services: Services = request.state.services
+    return services
+
+
+async def get_expected_version(
     if_match: Annotated[str | None, Header(description='session version, e.g. "v3" or 3')] = None,
 ) -> int | None:
     """The version named by `If-Match` ('"v3"', 'v3', '3'); None when absent or '*'."""
@@ -85,5 +107,6 @@ TurnServiceDep = Annotated[TurnService, Depends(get_turns)]
 IdempotencyDep = Annotated[IdempotencyStore, Depends(get_idempotency)]
 TelemetryDep = Annotated[Telemetry, Depends(get_telemetry)]
 TenantDep = Annotated[str, Depends(get_tenant)]
+ServicesDep = Annotated[Services, Depends(get_services)]
 ExpectedVersionDep = Annotated[int | None, Depends(get_expected_version)]
 IdempotencyKeyDep = Annotated[str | None, Header(alias="Idempotency-Key")]

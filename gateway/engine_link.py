@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
-from typing import cast
 
-from engine.client import EngineClient
+from engine.client import EngineClient, ReplyStream
 from engine.errors import EngineError
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from gateway.errors import EngineUnavailable
@@ -84,20 +82,31 @@ class EngineLink:
                      ) -> AsyncGenerator[TokenChunk | Finished | Failed, None]:
         """The engine's replies; EngineUnavailable if none comes for `timeout_s`. Closing this
         generator early aborts the request in the engine."""
-        client = await self.live()
-        stream = cast(AsyncGenerator[TokenChunk | Finished | Failed, None],
-                      client.extend(request))
-        async with aclosing(stream):
-            while True:
-                try:
-                    async with asyncio.timeout(self.timeout_s):
-                        message = await anext(stream)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError as exc:
-                    raise EngineUnavailable(
-                        f"the engine did not answer within {self.timeout_s:.0f} s") from exc
+        replies = await self.start(request)
+        try:
+            async for message in self.follow(replies):
                 yield message
+        finally:
+            await replies.aclose()
+
+    async def start(self, request: Extend) -> ReplyStream:
+        """Send `request` to a live worker now (see `EngineClient.start`)."""
+        client = await self.live()
+        return await client.start(request)
+
+    async def follow(self, replies: ReplyStream
+                     ) -> AsyncGenerator[TokenChunk | Finished | Failed, None]:
+        """`replies`, with EngineUnavailable when none comes for `timeout_s`."""
+        while True:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    message = await anext(replies)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise EngineUnavailable(
+                    f"the engine did not answer within {self.timeout_s:.0f} s") from exc
+            yield message
 
     async def pin(self, ref: str, ttl_s: float) -> None:
         """Best effort: a pin is an optimisation, never a reason to fail a turn."""

@@ -22,13 +22,20 @@ from redis.exceptions import RedisError, ResponseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import EngineError
+from engine.errors import InvalidRequest as InvalidRequest  # one definition each, the engine's
+from engine.errors import InvalidToolSchema as InvalidToolSchema
+from gateway.error_catalog import kind_of, retry_headers
 from sessions import errors as se
 
 
-class ApiError(Exception):
-    """An error raised by the gateway itself; `status` and `error_type` go on the wire."""
+class ConfigError(RuntimeError):
+    """The gateway cannot start with this configuration (the message says what to change)."""
 
-    status = 400
+
+class ApiError(Exception):
+    """An error raised by the gateway itself; its `error_type` (whose status is in
+    `gateway.error_catalog`) goes on the wire."""
+
     error_type = "invalid_request"
 
     def __init__(self, message: str, *, error_type: str | None = None) -> None:
@@ -37,81 +44,42 @@ class ApiError(Exception):
             self.error_type = error_type
 
 
-class InvalidRequest(ApiError):
-    status, error_type = 400, "invalid_request"
-
-
-class InvalidToolSchema(ApiError):
-    """A declared tool's parameters are not a valid JSON schema of an object."""
-
-    status, error_type = 400, "invalid_tool_schema"
-
-
 class AuthenticationError(ApiError):
-    status, error_type = 401, "authentication_error"
+    error_type = "authentication_error"
 
 
 class RequestTooLarge(ApiError):
-    status, error_type = 413, "request_too_large"
+    error_type = "request_too_large"
 
 
 class InFlight(ApiError):
     """An idempotent retry arrived while the first request with that key is still running."""
 
-    status, error_type = 409, "conflict"
+    error_type = "conflict"
 
 
 class UnknownModel(ApiError):
     """A compatible request names a model that neither is served nor matches an alias."""
 
-    status, error_type = 404, "unknown_model"
+    error_type = "unknown_model"
 
 
 class EngineUnavailable(ApiError):
-    status, error_type = 503, "engine_unavailable"
+    error_type = "engine_unavailable"
 
 
 class StoreUnavailable(ApiError):
     """The session store (Redis/Valkey) does not answer; `serve` restarts an embedded one."""
 
-    status, error_type = 503, "store_unavailable"
+    error_type = "store_unavailable"
 
 
 class EngineFailure(ApiError):
     """The engine answered `Failed`; `error_type` is the engine's (e.g. request_too_long)."""
 
-    status = 500
+    error_type = "engine_error"
 
 
-# Status per error type: the gateway's, the session store's and the engine's.
-_STATUS: Mapping[str, int] = {
-    se.NotFoundError.error_type: 404,
-    se.SessionNotFound.error_type: 404,
-    se.TurnNotFound.error_type: 404,
-    se.BranchNotFound.error_type: 404,
-    se.ConflictError.error_type: 409,
-    se.BranchExists.error_type: 409,
-    se.HeadMoved.error_type: 409,
-    se.VersionConflict.error_type: 412,
-    se.IdempotencyConflict.error_type: 422,
-    se.InvalidTreeOperation.error_type: 400,
-    se.StoreCorruption.error_type: 500,
-    "request_too_long": 400,
-    "unknown_model": 404,
-    "invalid_request": 400,
-    "invalid_tool_schema": 400,
-    "kv_cache_exhausted": 503,
-    "engine_shutdown": 503,
-    "engine_unavailable": 503,
-    "unknown_parent": 503,
-    "model_not_found": 500,
-    "unsupported_model": 500,
-    "store_unavailable": 503,
-}
-# Seconds a client should wait before retrying a 503 of this type (the `Retry-After` header).
-RETRY_AFTER_S: Mapping[str, int] = {"store_unavailable": 1, "engine_unavailable": 5,
-                                    "engine_shutdown": 5, "kv_cache_exhausted": 2,
-                                    "unknown_parent": 1, "turn_interrupted": 1}
 # Replies of a server that is up but cannot serve yet (loading its AOF, out of memory, ...).
 _STORE_BUSY = ("LOADING", "BUSY", "MISCONF", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN")
 
@@ -128,10 +96,8 @@ def is_store_outage(exc: BaseException) -> bool:
 
 def status_for(exc: Exception) -> tuple[int, str]:
     """(HTTP status, error type) of any exception; unknown ones are 500 `api_error`."""
-    if isinstance(exc, ApiError):
-        return _STATUS.get(exc.error_type, exc.status), exc.error_type
-    if isinstance(exc, se.SessionError | EngineError):
-        return _STATUS.get(exc.error_type, 500), exc.error_type
+    if isinstance(exc, ApiError | se.SessionError | EngineError):
+        return kind_of(exc.error_type).status, exc.error_type
     if is_store_outage(exc):
         return 503, StoreUnavailable.error_type
     return 500, "api_error"
@@ -146,17 +112,6 @@ def error_message(exc: Exception, error_type: str) -> str:
     return str(exc)
 
 
-def is_retryable(status: int) -> bool:
-    """Whether the same request may succeed later (what an SSE `error` event's `retryable`
-    says; HTTP answers say it with their status and `Retry-After`)."""
-    return status in (408, 429) or status >= 500
-
-
-def retry_headers(status: int, error_type: str) -> dict[str, str] | None:
-    """`Retry-After` for errors a retry can cure (503 and Anthropic's 529)."""
-    if status not in (503, 529):
-        return None
-    return {"Retry-After": str(RETRY_AFTER_S.get(error_type, 1))}
 
 
 def error_body(error_type: str, message: str, request_id: str | None) -> dict[str, Any]:
@@ -226,8 +181,9 @@ def _respond(request: Request, status: int, error_type: str, message: str,
     status, body = wire_error(dialect, status, error_type, message, request_id_of(request))
     if extra and dialect == "native":
         body["error"].update(extra)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else retry_headers(status,
-                                                                               error_type)
+    headers = retry_headers(error_type, status)
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status, headers=headers)
 
 

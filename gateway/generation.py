@@ -1,6 +1,7 @@
 """One turn's generation on the engine, carried across engine-worker restarts.
 
-    attempt 1   Extend(parent_ref, delta)            the parent's KV is on the worker
+    attempt 1   Extend(parent_ref, delta)            the parent's KV is on the worker (sent
+                                                     by the caller before it answers its client)
     unknown     Extend(None, full path)              the worker no longer holds the parent
     worker lost Extend(None, full path, resume_output_ids=output so far)  on the new worker
 
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.client import ReplyStream
 from engine.constrained.spec import ToolConstraint
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.sampling_params import SamplingParams
@@ -41,24 +42,29 @@ class Progress:
 
 @dataclass(frozen=True)
 class TurnResume:
-    """An interrupted turn of a request: its stored input turn, where its reply goes, and what
-    its generation had produced. Plain data (kept under the request's Idempotency-Key)."""
+    """An interrupted turn of a request: its ids (chosen before generation; nothing is stored
+    yet), its place (parent, branch and the branch's lease), its rendered input and what its
+    generation had produced. Plain data, kept under the request's Idempotency-Key."""
 
     input_turn_id: str
+    reply_turn_id: str
     parent_turn_id: str
     branch: str | None
-    old_head: str | None
+    lease_id: str
+    delta: tuple[int, ...]
     progress: Progress
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input_turn_id": self.input_turn_id, "parent_turn_id": self.parent_turn_id,
-                "branch": self.branch, "old_head": self.old_head,
+        return {"input_turn_id": self.input_turn_id, "reply_turn_id": self.reply_turn_id,
+                "parent_turn_id": self.parent_turn_id, "branch": self.branch,
+                "lease_id": self.lease_id, "delta": list(self.delta),
                 "output_ids": list(self.progress.output_ids), "text": self.progress.text}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnResume:
-        return cls(data["input_turn_id"], data["parent_turn_id"], data["branch"],
-                   data["old_head"], Progress(tuple(data["output_ids"]), data["text"]))
+        return cls(data["input_turn_id"], data["reply_turn_id"], data["parent_turn_id"],
+                   data["branch"], data["lease_id"], tuple(data["delta"]),
+                   Progress(tuple(data["output_ids"]), data["text"]))
 
 
 class TurnInterrupted(ApiError):
@@ -66,7 +72,7 @@ class TurnInterrupted(ApiError):
     Idempotency-Key continues the turn. `progress` is what was produced; `resume` (set by the
     turn service) is everything a retry needs to continue it."""
 
-    status, error_type = 503, "turn_interrupted"
+    error_type = "turn_interrupted"
 
     def __init__(self, message: str, progress: Progress) -> None:
         super().__init__(message)
@@ -89,23 +95,37 @@ class GenerationSpec:
     full_path: Callable[[], Awaitable[list[int]]]
 
 
+async def first_extend(spec: GenerationSpec, progress: Progress) -> Extend:
+    """The Extend of a turn's first attempt: the delta after the parent's bound KV, or the full
+    path when there is no bound parent or output to resume."""
+    ref = None if progress.output_ids else spec.parent_ref
+    token_ids = spec.delta if ref is not None else await spec.full_path()
+    return _extend(spec, ref, token_ids, progress)
+
+
+def _extend(spec: GenerationSpec, ref: str | None, token_ids: list[int],
+            progress: Progress) -> Extend:
+    return Extend(uuid.uuid4().hex, spec.namespace, ref, token_ids, spec.params,
+                  bind_turn_id=spec.bind_ref, session_id=spec.session_id,
+                  constraint=spec.constraint, resume_output_ids=list(progress.output_ids))
+
+
 async def generate(link: EngineLink, spec: GenerationSpec, parser: ToolCallParser | None, *,
-                   progress: Progress = Progress(), interruptible: bool = False
+                   started: tuple[Extend, ReplyStream], progress: Progress = Progress(),
+                   interruptible: bool = False
                    ) -> AsyncGenerator[ParseEvent | Finished, None]:
     """Parse events of the output after `progress`, then the engine's Finished (whose output
-    and text include `progress`). Raises EngineFailure, EngineUnavailable, TurnInterrupted.
-    Closing the generator aborts the engine request."""
-    ref = None if progress.output_ids else spec.parent_ref
+    and text include `progress`). `started` is the first attempt, already sent (`first_extend`
+    and `EngineLink.start`), so the engine works while the caller answers its client.
+    Raises EngineFailure, EngineUnavailable, TurnInterrupted. Closing the generator aborts the
+    engine request."""
+    extend, replies = started
     num_losses = 0
     shown = False  # an event of this call reached the caller
     while True:
-        token_ids = spec.delta if ref is not None else await spec.full_path()
-        extend = Extend(uuid.uuid4().hex, spec.namespace, ref, token_ids, spec.params,
-                        bind_turn_id=spec.bind_ref, session_id=spec.session_id,
-                        constraint=spec.constraint, resume_output_ids=list(progress.output_ids))
         failure: Failed | None = None
-        async with aclosing(link.extend(extend)) as replies:
-            async for message in replies:
+        try:
+            async for message in link.follow(replies):
                 if isinstance(message, TokenChunk):
                     progress = replace(progress, text=progress.text + message.text,
                                        output_ids=progress.output_ids + tuple(message.token_ids))
@@ -120,19 +140,22 @@ async def generate(link: EngineLink, spec: GenerationSpec, parser: ToolCallParse
                 else:
                     failure = message
                     break
+        finally:
+            await replies.aclose()
         assert failure is not None
-        if failure.error_type == "unknown_parent" and ref is not None:
-            ref = None
-            continue
-        if (failure.error_type == "engine_shutdown" and link.is_supervised
-                and num_losses < MAX_WORKER_LOSSES):
+        if failure.error_type == "unknown_parent" and extend.parent_ref is not None:
+            pass  # the worker no longer holds the parent: the full path
+        elif (failure.error_type == "engine_shutdown" and link.is_supervised
+              and num_losses < MAX_WORKER_LOSSES):
             num_losses += 1
             if interruptible and shown:
                 raise TurnInterrupted("the engine worker restarted during this turn; retry with "
                                       "the same Idempotency-Key to continue it", progress)
-            ref = None  # the new worker holds nothing: the ledger's path plus the output so far
-            continue
-        raise EngineFailure(failure.message, error_type=failure.error_type)
+            # the new worker holds nothing: the ledger's path plus the output so far
+        else:
+            raise EngineFailure(failure.message, error_type=failure.error_type)
+        extend = _extend(spec, None, await spec.full_path(), progress)
+        replies = await link.start(extend)
 
 
 def _parse(parser: ToolCallParser | None, text: str) -> list[ParseEvent]:

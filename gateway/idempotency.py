@@ -97,12 +97,16 @@ class IdempotencyStore:
         await self.finish(outcome, status, body)
         return status, body
 
+    def record_key(self, tenant: str, key: str) -> str:
+        """The Redis key of (tenant, Idempotency-Key). Raises InvalidRequest (bad key)."""
+        if not key or len(key) > _MAX_KEY_LEN or not key.isprintable():
+            raise InvalidRequest(f"Idempotency-Key must be 1-{_MAX_KEY_LEN} printable characters")
+        return f"{self.prefix}{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
     async def claim(self, tenant: str, key: str, req_hash: str) -> Claim | Replay:
         """Take `key` for this request, or learn how its first request ended.
         Raises InvalidRequest (bad key), InFlight (409), IdempotencyConflict (422)."""
-        if not key or len(key) > _MAX_KEY_LEN or not key.isprintable():
-            raise InvalidRequest(f"Idempotency-Key must be 1-{_MAX_KEY_LEN} printable characters")
-        rkey = f"{self.prefix}{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+        rkey = self.record_key(tenant, key)
         token = secrets.token_hex(16)
         kind, raw = await through_store_outage(
             lambda: self._claim(keys=[rkey], args=[req_hash, IN_FLIGHT_TTL_S, token]))

@@ -3,7 +3,6 @@ thread: for tests, benchmarks and SDK checks that need real HTTP without spawnin
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -17,19 +16,29 @@ from redis.asyncio import Redis
 from engine.client import EngineClient
 from engine.engine import Engine, EngineConfig
 from engine.models.loader import LoadedModel
+from engine.tokenizer import Tokenizer
+from gateway import event_loop
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 
 
 @contextmanager
-def serve_local(loaded: LoadedModel, settings: GatewaySettings, *, model_name: str,
+def serve_local(loaded: LoadedModel | None, settings: GatewaySettings, *, model_name: str,
                 kv_memory_bytes: int, start_timeout_s: float = 60.0,
-                tracer_provider: TracerProvider | None = None) -> Iterator[str]:
+                tracer_provider: TracerProvider | None = None,
+                engine_url: str | None = None,
+                tokenizer: Tokenizer | None = None) -> Iterator[str]:
     """Yield the base URL once uvicorn has started; stop it and close the engine client and the
     Redis pool on exit. `settings.redis_url` must be set. Raises RuntimeError if it won't start.
-    `tracer_provider` goes to `create_app` (tests pass one with an in-memory exporter)."""
+    `tracer_provider` goes to `create_app` (tests pass one with an in-memory exporter). With
+    `engine_url` the engine is that worker (`radixgate engine`), as under `serve`, and `loaded`
+    may be None when `tokenizer` is given; else an engine runs in a thread of this process on
+    `loaded`."""
     if settings.redis_url is None:
         raise ValueError("serve_local needs settings.redis_url")
+    tok = tokenizer or (loaded.tokenizer if loaded is not None else None)
+    if tok is None or (loaded is None and engine_url is None):
+        raise ValueError("serve_local needs a model, or an engine_url and a tokenizer")
     redis_url = settings.redis_url
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -38,11 +47,15 @@ def serve_local(loaded: LoadedModel, settings: GatewaySettings, *, model_name: s
     failure: list[BaseException] = []
 
     async def serve() -> None:
-        engine_client = EngineClient.in_process(
-            Engine(loaded, EngineConfig(kv_memory_bytes=kv_memory_bytes)))
+        if engine_url is not None:
+            engine_client = await EngineClient.connect(engine_url)
+        else:
+            assert loaded is not None
+            engine_client = EngineClient.in_process(
+                Engine(loaded, EngineConfig(kv_memory_bytes=kv_memory_bytes)))
         client = Redis.from_url(redis_url)
         app = create_app(settings, engine_client=engine_client, redis=client,
-                         tokenizer=loaded.tokenizer, model_name=model_name,
+                         tokenizer=tok, model_name=model_name,
                          tracer_provider=tracer_provider)
         server = box["server"] = uvicorn.Server(uvicorn.Config(app, log_level="warning",
                                                                lifespan="on"))
@@ -54,7 +67,7 @@ def serve_local(loaded: LoadedModel, settings: GatewaySettings, *, model_name: s
 
     def main() -> None:
         try:
-            asyncio.run(serve())
+            event_loop.run(serve())
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             failure.append(exc)
 

@@ -9,7 +9,6 @@ its AOF) before starting its own.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -22,6 +21,7 @@ import uvicorn
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway import event_loop
 from gateway.app import create_app
 from gateway.auth import KeyStore
 from gateway.settings import GatewaySettings
@@ -171,7 +171,10 @@ async def _serve(settings: GatewaySettings, engine_args: list[str]) -> None:
         app = create_app(settings, engine_client=link, redis=redis, store_supervisor=store)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                                 lifespan="on")
-        await uvicorn.Server(config).serve()
+        server = uvicorn.Server(config)
+        await server.serve()
+        if not server.started:  # the lifespan failed (uvicorn logged why, e.g. a ConfigError)
+            raise ServeError("the gateway did not start; see the error above")
     finally:
         await supervisor.stop()
         await redis.aclose()
@@ -184,9 +187,11 @@ def serve(settings: GatewaySettings, engine_args: list[str]) -> int:
     Valkey) is stopped on the way out, and dies with this process even if it is SIGKILLed."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop_leftovers(settings)
+    if settings.model and "--model" not in engine_args:  # RADIXGATE_MODEL: one model for both
+        engine_args = [*engine_args, "--model", settings.model]
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        asyncio.run(_serve(settings, engine_args))
+        event_loop.run(_serve(settings, engine_args))
     except ServeError as exc:
         print(f"radixgate serve: error: {exc}", file=sys.stderr)
         return 2

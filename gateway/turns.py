@@ -1,22 +1,29 @@
-"""The turn service: one appended turn from new messages to a stored assistant turn.
+"""The turn service: one appended turn from new messages to a committed assistant turn.
 
-    input turn  written first (move_branch=False), holding the rendered delta
-    Extend      parent_ref = the engine ref of the parent assistant turn, token_ids = the delta;
-                on `unknown_parent` (or no bound parent) the full token path from the ledger
-    assistant   written under the input turn; the branch head fast-forwards to it
+    begin       one store script: the parent (default: the branch head), If-Match, the head
+                check and a lease on the branch (409 before anything runs); ids for the input
+                and the reply turn are chosen here
+    Extend      parent_ref = the parent assistant turn's id (the engine binds each reply under
+                its own turn id), token_ids = the rendered delta; the full path when the engine
+                lacks the parent (the root's tokens are at hand, deeper paths are read)
+    commit      one store script: input and reply appended as a chain, the head moved, the
+                lease released; nothing is stored before it, so a failed turn leaves nothing
 
 With tools on the session, the Extend carries the `tool_choice` grammar and the output is parsed
 into text and tool-call events (`gateway.toolcall_parser`); the assistant turn stores the text
 without markup and `tool_calls` (finish_reason "tool_calls" when it stopped after calls).
-
-The engine binds each assistant turn under `engine_ref(input_turn_id)` (the store assigns the
-assistant's id only when writing it, after generation). Branch heads are pinned in the engine.
+Branch heads are pinned in the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import secrets
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +33,14 @@ from engine.protocol import Finished, Timings
 from engine.sampling_params import SamplingParams
 from gateway.engine_link import EngineLink
 from gateway.errors import InvalidRequest
-from gateway.generation import GenerationSpec, Progress, TurnInterrupted, TurnResume, generate
+from gateway.generation import (
+    GenerationSpec,
+    Progress,
+    TurnInterrupted,
+    TurnResume,
+    first_extend,
+    generate,
+)
 from gateway.rendering import TurnRenderer
 from gateway.schemas import AppendTurnRequest, GenerateOptions, NamedToolChoice
 from gateway.store_retry import through_store_outage
@@ -34,24 +48,26 @@ from gateway.tool_prompt import ToolDef, normalize_tools, tool_constraint
 from gateway.toolcall_parser import TextDelta as TextDelta
 from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallParser
 from gateway.toolcall_parser import ToolCallStart as ToolCallStart
-from sessions import BranchNotFound, HeadMoved, NewTurn, Session, SessionStore, Turn
+from sessions import NewTurn, Session, SessionStore, Turn
+from sessions.keys import new_id
+from sessions.turn_commit import TurnStart
 
-
-def engine_ref(input_turn_id: str) -> str:
-    """The engine's name for the assistant turn generated after `input_turn_id`."""
-    return f"{input_turn_id}:reply"
+LEASE_TTL_S = 30.0  # renewed every third of it while the turn generates
+MAX_CACHED_TOOLSETS = 64
 
 
 def ref_of(turn: Turn) -> str | None:
-    """Engine ref of a stored turn (only assistant turns are bound in the engine)."""
-    return engine_ref(turn.parent_id) if turn.role == "assistant" and turn.parent_id else None
+    """Engine ref of a stored turn: assistant turns are bound under their own id."""
+    return turn.id if turn.role == "assistant" else None
 
 
 @dataclass(frozen=True)
 class TurnStarted:
-    input_turn_id: str
+    input_turn_id: str  # chosen before generation; stored with the reply at commit
     parent_turn_id: str
     model: str | None = None  # the session's model name
+    branch: str | None = None  # the branch the reply will move (None: none)
+    session_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,82 +82,105 @@ class TurnEnded:
 TurnEvent = TurnStarted | TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | TurnEnded
 
 
-@dataclass(frozen=True)
-class _Target:
-    parent: Turn
-    branch: str | None  # the branch that moves, None for an append under a non-head turn
-    old_head: str | None
-
-
 class TurnService:
     """Stateless beyond its collaborators; one per app."""
 
     def __init__(self, store: SessionStore, engine: EngineLink, renderer: TurnRenderer, *,
-                 pin_ttl_s: float, max_tokens_limit: int) -> None:
+                 pin_ttl_s: float, max_tokens_limit: int, model_id: str) -> None:
         self.store = store
         self.engine = engine
         self.renderer = renderer
         self.pin_ttl_s = pin_ttl_s
         self.max_tokens_limit = max_tokens_limit
+        self.model_id = model_id  # the served model: the engine cache's namespace
+        self._toolsets: OrderedDict[str, list[ToolDef]] = OrderedDict()
 
     async def run_turn(self, tenant: str, session_id: str, request: AppendTurnRequest, *,
                        expected_version: int | None, resume: TurnResume | None = None,
-                       interruptible: bool = False) -> AsyncGenerator[TurnEvent, None]:
+                       interruptible: bool = False, start: TurnStart | None = None,
+                       fork_on_conflict: bool = False, idempotency_key: str | None = None,
+                       request_hash: str | None = None) -> AsyncGenerator[TurnEvent, None]:
         """TurnStarted, (TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd)*, TurnEnded.
 
-        With `resume` (an interrupted run of this same request) the stored input turn is reused
-        and only the events after `resume.progress` follow TurnStarted. A worker lost mid-turn
-        is waited for and the turn goes on (`gateway.generation`); with `interruptible` a loss
-        after output was shown raises TurnInterrupted with the `resume` to continue from.
-        Raises session errors, InvalidRequest, InvalidToolSchema, EngineFailure /
-        EngineUnavailable. Closing the iterator aborts the engine request."""
+        The branch is reserved first (`start`, when the caller already did); with
+        `fork_on_conflict` a busy or moved head forks a branch instead of raising (the
+        compatible routes). With `resume` (an interrupted run of this same request) its ids are
+        reused and only the events after `resume.progress` follow TurnStarted. A worker lost
+        mid-turn is waited for and the turn goes on (`gateway.generation`); with
+        `interruptible` a loss after output was shown raises TurnInterrupted carrying the
+        `resume`. `idempotency_key` + `request_hash` make the commit idempotent.
+        Raises session errors (HeadMoved, BranchBusy, VersionConflict, ... before any output),
+        InvalidRequest, InvalidToolSchema, EngineFailure / EngineUnavailable. Closing the
+        iterator aborts the engine request and releases the branch."""
         params = self._sampling(request.generate)
-        session = await self.store.get_session(session_id, tenant=tenant)
-        tools, constraint = _tooling(session, request.generate)
-        if resume is None:
-            target = await self._target(session, request)
+        lease_id = resume.lease_id if resume else new_id()
+        if start is None:
+            start = await self.store.turns.begin_turn(
+                session_id, tenant=tenant, lease_id=lease_id, lease_ttl_s=LEASE_TTL_S,
+                branch=resume.branch if resume else request.branch,
+                parent_turn_id=resume.parent_turn_id if resume else request.parent_turn_id,
+                expected_version=None if resume else expected_version,
+                fork_branch=_fork_name() if fork_on_conflict or resume else None)
+        session, parent = start.session, start.parent
+        try:
+            tools, constraint = self._tooling(session, request.generate)
             messages = [m.model_dump(exclude_none=True) for m in request.messages]
-            delta = self._delta(session, target.parent, messages, tools)
-            (input_turn,) = await self.store.append_turns(
-                session_id, tenant=tenant, turns=[NewTurn(role=_input_role(messages),
-                                                          token_ids=delta, messages=messages)],
-                branch=target.branch, parent_turn_id=target.parent.id,
-                expected_version=expected_version, move_branch=False)
-            progress = Progress()
-        else:
-            parent = await self.store.get_turn(session_id, resume.parent_turn_id, tenant=tenant)
-            target = _Target(parent, resume.branch, resume.old_head)
-            input_turn = await self.store.get_turn(session_id, resume.input_turn_id,
-                                                   tenant=tenant)
-            delta, progress = list(input_turn.token_ids), resume.progress
-        yield TurnStarted(input_turn.id, target.parent.id, session.model)
+            if resume is None:
+                input_id, reply_id = new_id(), new_id()
+                delta, progress = self._delta(session, parent, messages, tools), Progress()
+            else:
+                input_id, reply_id = resume.input_turn_id, resume.reply_turn_id
+                delta, progress = list(resume.delta), resume.progress
+        except BaseException:
+            await self._release(start)
+            raise
         parser = ToolCallParser() if constraint and constraint.mode != "none" else None
         if parser is not None and progress.text:
             parser.feed(progress.text)  # its events were shown by the interrupted run
-        spec = GenerationSpec(
-            f"{tenant}:{session.model}", ref_of(target.parent), delta, params,
-            engine_ref(input_turn.id), session.id, constraint,
-            lambda: through_store_outage(lambda: self.store.token_path(
-                session.id, input_turn.id, tenant=tenant)))
+        spec = GenerationSpec(f"{tenant}:{self.model_id}", ref_of(parent), delta, params,
+                              reply_id, session.id, constraint,
+                              lambda: self._full_path(session.id, tenant, parent, delta))
+        try:  # sent before the client hears of the turn: the engine starts at once
+            extend = await first_extend(spec, progress)
+            replies = await self.engine.start(extend)
+        except BaseException:
+            await self._release(start)
+            raise
+        try:
+            yield TurnStarted(input_id, parent.id, session.model, start.branch, session.id)
+        except BaseException:
+            await replies.aclose()
+            await self._release(start)
+            raise
         finished: Finished | None = None
         finished_ns: int | None = None
-        stream = generate(self.engine, spec, parser, progress=progress,
-                          interruptible=interruptible)
+        kept = False  # the lease outlives this call (an interrupted stream continues later)
         try:
-            async with aclosing(stream):  # closing this generator must reach the engine (Abort)
-                async for event in stream:
-                    if isinstance(event, Finished):
-                        finished, finished_ns = event, time.time_ns()
-                    else:
-                        yield event
+            with self._renewing(start):
+                stream = generate(self.engine, spec, parser, started=(extend, replies),
+                                  progress=progress, interruptible=interruptible)
+                async with aclosing(stream):  # closing must reach the engine (Abort)
+                    async for event in stream:
+                        if isinstance(event, Finished):
+                            finished, finished_ns = event, time.time_ns()
+                        else:
+                            yield event
+                assert finished is not None
+                input_turn = NewTurn(role=_input_role(messages), token_ids=delta,
+                                     messages=messages)
+                turn, branch = await self._commit(start, tenant, input_id, input_turn,
+                                                  reply_id, finished, parser, idempotency_key,
+                                                  request_hash)
         except TurnInterrupted as exc:
-            exc.resume = TurnResume(input_turn.id, target.parent.id, target.branch,
-                                    target.old_head, exc.progress)
+            kept = True
+            exc.resume = TurnResume(input_id, reply_id, parent.id, start.branch, lease_id,
+                                    tuple(delta), exc.progress)
             raise
-        assert finished is not None
-        turn = await self._store_reply(session, tenant, target, input_turn, finished, parser)
-        await self._move_pins(target, input_turn.id)
-        yield TurnEnded(turn, target.branch, finished.timings, finished, finished_ns)
+        finally:
+            if finished is None and not kept:
+                await self._release(start)
+        await self._move_pins(start, branch, parent, reply_id)
+        yield TurnEnded(turn, branch, finished.timings, finished, finished_ns)
 
     async def rewind(self, tenant: str, session_id: str, branch: str, to_turn_id: str, *,
                      expected_version: int | None) -> Session:
@@ -151,14 +190,15 @@ class TurnService:
                                         expected_version=expected_version)
         old = before.branches.get(branch)
         if old and old != to_turn_id:
-            await self._unpin_turns(session_id, tenant, [old])
-            await self._pin_turn(session_id, tenant, to_turn_id)
+            await self.engine.unpin(old)
+            await self.engine.pin(to_turn_id, self.pin_ttl_s)  # a no-op unless it is bound
         return after
 
     async def delete(self, tenant: str, session_id: str) -> None:
         """Delete the session and drop the engine pins of its branch heads."""
         session = await self.store.get_session(session_id, tenant=tenant)
-        await self._unpin_turns(session_id, tenant, list(set(session.branches.values())))
+        for head in set(session.branches.values()):
+            await self.engine.unpin(head)
         await self.store.delete_session(session_id, tenant=tenant)
 
     # ---- internals ------------------------------------------------------------------------
@@ -170,26 +210,29 @@ class TurnService:
                               top_p=options.top_p, top_k=options.top_k, seed=options.seed,
                               stop=tuple(options.stop))
 
-    async def _target(self, session: Session, request: AppendTurnRequest) -> _Target:
-        branch: str | None
-        if request.parent_turn_id is None:
-            branch = request.branch or session.default_branch
-            if branch not in session.branches:
-                raise BranchNotFound(session.id, branch)
-            parent_id = session.branches[branch]
+    def tools_of(self, tools: Sequence[Mapping[str, Any]]) -> list[ToolDef]:
+        """`normalize_tools`, remembered per tool set (a session's tools are checked once, not
+        on every turn). Raises InvalidToolSchema."""
+        key = json.dumps(tools, sort_keys=True, default=str)
+        cached = self._toolsets.get(key)
+        if cached is None:
+            cached = self._toolsets[key] = normalize_tools(tools)
+            if len(self._toolsets) > MAX_CACHED_TOOLSETS:
+                self._toolsets.popitem(last=False)
         else:
-            parent_id = request.parent_turn_id
-            branch = request.branch or next(
-                (b for b, head in sorted(session.branches.items()) if head == parent_id), None)
-        if branch is not None:
-            head = session.branches.get(branch)
-            if head is None:
-                raise BranchNotFound(session.id, branch)
-            if head != parent_id:
-                raise HeadMoved(session.id, branch, head, session.version,
-                                "parent_turn_id is not the branch head; fork a branch there")
-        parent = await self.store.get_turn(session.id, parent_id, tenant=session.tenant)
-        return _Target(parent, branch, session.branches.get(branch) if branch else None)
+            self._toolsets.move_to_end(key)
+        return cached
+
+    def _tooling(self, session: Session, options: GenerateOptions
+                 ) -> tuple[list[ToolDef], ToolConstraint | None]:
+        """The session's tools and the grammar of `options.tool_choice`. Raises
+        InvalidToolSchema and InvalidRequest (a choice the tools cannot satisfy)."""
+        tools = self.tools_of(session.tools)
+        choice = options.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return tools, tool_constraint(tools, {"name": choice.name})
+        return tools, tool_constraint(tools, choice,
+                                      enable_parallel_calls=options.parallel_tool_calls)
 
     def _delta(self, session: Session, parent: Turn, messages: list[dict[str, Any]],
                tools: Sequence[ToolDef]) -> list[int]:
@@ -202,9 +245,19 @@ class TurnService:
                                              after_root=parent.role == "root", closer=closer,
                                              tools=tools)
 
-    async def _store_reply(self, session: Session, tenant: str, target: _Target,
-                           input_turn: Turn, done: Finished,
-                           parser: ToolCallParser | None) -> Turn:
+    async def _full_path(self, session_id: str, tenant: str, parent: Turn,
+                         delta: list[int]) -> list[int]:
+        """The whole prompt: the ledger's path to the parent, then the delta."""
+        if parent.role == "root":
+            return [*parent.token_ids, *delta]
+        path = await through_store_outage(
+            lambda: self.store.token_path(session_id, parent.id, tenant=tenant))
+        return [*path, *delta]
+
+    async def _commit(self, start: TurnStart, tenant: str, input_id: str, input_turn: NewTurn,
+                      reply_id: str, done: Finished, parser: ToolCallParser | None,
+                      idempotency_key: str | None, request_hash: str | None
+                      ) -> tuple[Turn, str | None]:
         token_ids = list(done.output_token_ids)
         if done.stop_token_id is not None:
             token_ids.append(done.stop_token_id)
@@ -219,46 +272,47 @@ class TurnService:
                  "computed_tokens": done.computed_len, "output_tokens": done.output_len}
         reply = NewTurn(role="assistant", token_ids=token_ids, usage=usage, messages=[message],
                         tool_calls=calls, finish_reason=finish_reason)
-        # The generation is done: ride out a store restart rather than lose it. The write is
-        # idempotent, so a retry after a reply lost with the connection cannot append twice.
-        (turn,) = await through_store_outage(lambda: self.store.append_turns(
-            session.id, tenant=tenant, parent_turn_id=input_turn.id, turns=[reply],
-            branch=target.branch, move_branch=target.branch is not None,
-            expected_head=target.old_head, idempotency_key=f"reply:{input_turn.id}"))
-        return turn
+        fields = {"request": request_hash} if request_hash else None
+        # The generation is done: ride out a store restart rather than lose it. A repeat after
+        # a reply lost with the connection is answered from the idempotency record (with a
+        # key), else refused for the ids it finds already written (never appended twice).
+        turns, branch = await through_store_outage(lambda: self.store.turns.commit_turn(
+            start, tenant=tenant, turns=[(input_id, input_turn), (reply_id, reply)],
+            fork_branch=_fork_name(start.branch), idempotency_key=idempotency_key,
+            request_fields=fields))
+        return turns[-1], branch
 
-    async def _move_pins(self, target: _Target, input_turn_id: str) -> None:
-        if target.branch is None:
+    async def _move_pins(self, start: TurnStart, branch: str | None, parent: Turn,
+                         reply_id: str) -> None:
+        if branch is None:
             return
-        await self.engine.pin(engine_ref(input_turn_id), self.pin_ttl_s)
-        old_ref = ref_of(target.parent) if target.old_head == target.parent.id else None
-        if old_ref is not None:
-            await self.engine.unpin(old_ref)
+        await self.engine.pin(reply_id, self.pin_ttl_s)
+        if branch == start.branch and not start.forked and ref_of(parent) is not None:
+            await self.engine.unpin(parent.id)  # the head it was is no branch's head now
 
-    async def _pin_turn(self, session_id: str, tenant: str, turn_id: str) -> None:
-        turn = await self.store.get_turn(session_id, turn_id, tenant=tenant)
-        ref = ref_of(turn)
-        if ref is not None:
-            await self.engine.pin(ref, self.pin_ttl_s)
+    async def _release(self, start: TurnStart) -> None:
+        with contextlib.suppress(Exception):  # best effort: the lease lapses on its own
+            await asyncio.shield(self.store.turns.release_lease(start))
 
-    async def _unpin_turns(self, session_id: str, tenant: str, turn_ids: Sequence[str]) -> None:
-        for turn_id in turn_ids:
-            turn = await self.store.get_turn(session_id, turn_id, tenant=tenant)
-            ref = ref_of(turn)
-            if ref is not None:
-                await self.engine.unpin(ref)
+    @contextlib.contextmanager
+    def _renewing(self, start: TurnStart) -> Iterator[None]:
+        """Renew the turn's lease in the background while the body runs."""
+        task = asyncio.get_running_loop().create_task(self._renew(start))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    async def _renew(self, start: TurnStart) -> None:
+        while True:
+            await asyncio.sleep(LEASE_TTL_S / 3)
+            with contextlib.suppress(Exception):  # a missed renewal only risks a fork
+                await self.store.turns.renew_lease(start, LEASE_TTL_S)
 
 
-def _tooling(session: Session, options: GenerateOptions
-             ) -> tuple[list[ToolDef], ToolConstraint | None]:
-    """The session's tools and the grammar of `options.tool_choice`. Raises InvalidToolSchema
-    and InvalidRequest (a choice the tools cannot satisfy)."""
-    tools = normalize_tools(session.tools)
-    choice = options.tool_choice
-    if isinstance(choice, NamedToolChoice):
-        return tools, tool_constraint(tools, {"name": choice.name})
-    return tools, tool_constraint(tools, choice,
-                                  enable_parallel_calls=options.parallel_tool_calls)
+def _fork_name(base: str | None = None) -> str:
+    """A fresh name for a branch the caller did not name."""
+    return f"{base}-{secrets.token_hex(3)}" if base else f"compat-{secrets.token_hex(4)}"
 
 
 def _input_role(messages: list[dict[str, Any]]) -> Any:

@@ -8,7 +8,8 @@ from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol
 
-from gateway.errors import error_body, error_message, is_retryable, status_for
+from gateway.error_catalog import kind_of
+from gateway.errors import error_body, error_message, status_for
 from gateway.generation import TurnInterrupted, TurnResume
 from gateway.schemas import SessionView, TurnSummaryView, TurnView, Usage
 from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallStart
@@ -99,7 +100,7 @@ async def sse_stream(first: TurnStarted, events: AsyncGenerator[TurnEvent, None]
                     await record.failed()
                 ended = True
             body = error_body(error_type, error_message(exc, error_type), request_id)
-            body["error"].update(status=status, retryable=is_retryable(status))
+            body["error"].update(status=status, retryable=kind_of(error_type).retryable)
             yield sse_frame(f"{first.input_turn_id}:{n + 1}", "error", body)
         finally:
             if record is not None and not ended:

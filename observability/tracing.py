@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 DEFAULT_SERVICE_NAME = "radixgate"
@@ -49,11 +50,14 @@ class TracingConfig:
 
 def build_tracer_provider(config: TracingConfig | None = None) -> TracerProvider:
     """A new SDK `TracerProvider` with the exporters `config` asks for (default: from the
-    environment). Batch span processors; the caller owns the provider and must `shutdown()` it
-    (which flushes). Never registers it globally."""
+    environment); with none, one that records nothing. Batch span processors; the caller owns
+    the provider and must `shutdown()` it (which flushes). Never registers it globally."""
     config = config or TracingConfig.from_env()
     resource = Resource.create({SERVICE_NAME: config.service_name})
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    # With no exporter nothing would read the spans: they are not recorded at all (the
+    # request path then pays for no span), though trace context still propagates.
+    sampler = None if config.enable_otlp or config.enable_console else ALWAYS_OFF
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False, sampler=sampler)
     if config.enable_otlp:
         # Imported here: the OTLP exporter pulls in protobuf and requests, needed only then.
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

@@ -108,18 +108,6 @@ STATUS_ERRORS: Mapping[int, type[APIStatusError]] = {
     429: RateLimitError,
 }
 
-# Status of the error types a stream can end with (an SSE `error` event has no HTTP status).
-# Mirrors the gateway's table; unknown types are 500.
-STREAM_ERROR_STATUS: Mapping[str, int] = {
-    "invalid_request": 400, "request_too_long": 400, "invalid_tree_operation": 400,
-    "authentication_error": 401,
-    "not_found": 404, "session_not_found": 404, "turn_not_found": 404, "branch_not_found": 404,
-    "conflict": 409, "branch_exists": 409, "head_moved": 409,
-    "version_conflict": 412, "request_too_large": 413,
-    "idempotency_conflict": 422, "validation_error": 422,
-    "kv_cache_exhausted": 503, "engine_shutdown": 503, "engine_unavailable": 503,
-    "unknown_parent": 503, "store_unavailable": 503, "turn_interrupted": 503,
-}
 TURN_INTERRUPTED = "turn_interrupted"
 
 
@@ -167,14 +155,12 @@ def error_from_response(response: httpx.Response) -> APIStatusError:
 
 
 def error_from_event(data: Mapping[str, Any], request: httpx.Request | None) -> APIStatusError:
-    """The error an SSE `error` event stands for: its own `status` when the server sent one,
-    else the status of its type."""
-    error_type, _, _ = _error_fields(data)
+    """The error an SSE `error` event stands for, with the HTTP status its payload names (the
+    server's error catalog; 500 when a server sends none)."""
     error = data.get("error")
     status = error.get("status") if isinstance(error, Mapping) else None
-    if not isinstance(status, int):
-        status = STREAM_ERROR_STATUS.get(error_type or "", 500)
-    return make_status_error(status, dict(data), request=request)
+    return make_status_error(status if isinstance(status, int) else 500, dict(data),
+                             request=request)
 
 
 def is_continuable(exc: APIStatusError) -> bool:

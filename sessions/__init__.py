@@ -6,6 +6,7 @@ local server when no Redis URL is configured.
 """
 
 from sessions.errors import (
+    BranchBusy,
     BranchExists,
     BranchNotFound,
     ConflictError,
@@ -33,6 +34,7 @@ from sessions.path_index import PathIndex, PathMatch, path_hashes, root_path_has
 from sessions.store import SessionStore
 
 __all__ = [
+    "BranchBusy",
     "BranchExists",
     "BranchNotFound",
     "ConflictError",

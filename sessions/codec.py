@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from sessions.errors import (
+    BranchBusy,
     BranchExists,
     BranchNotFound,
     HeadMoved,
@@ -254,6 +255,8 @@ def raise_for_reply(
         raise HeadMoved(session_id, branch or "", rest[0], int(rest[1]), rest[2])
     if code == "NO_TURN":
         raise TurnNotFound(session_id, rest[0])
+    if code == "BUSY":
+        raise BranchBusy(session_id, rest[0] if rest else branch or "")
     if code == "BRANCH_EXISTS":
         raise BranchExists(session_id, branch or "")
     if code == "NOT_ANCESTOR":

@@ -90,6 +90,20 @@ class HeadMoved(ConflictError):
         self.version = version
 
 
+class BranchBusy(ConflictError):
+    """Another turn is being generated on the branch; its reply will move the head."""
+
+    error_type = "branch_busy"
+
+    def __init__(self, session_id: str, branch: str) -> None:
+        super().__init__(
+            f"branch {branch!r} of session {session_id!r} has a turn in progress; wait for it "
+            "(the head then moves), or fork a branch"
+        )
+        self.session_id = session_id
+        self.branch = branch
+
+
 class VersionConflict(SessionError):
     """`expected_version` (an If-Match ETag) differs from the session's current version."""
 

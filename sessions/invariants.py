@@ -30,7 +30,8 @@ async def check_session_invariants(store: SessionReader, session_id: str) -> Non
     - version >= 1 + (distinct versions that created turns) + (branches besides the default),
       i.e. at least one mutation per append call and per fork;
     - the newest event carries the current version and event versions increase along the stream;
-    - every idempotency index entry names a key of this session.
+    - every idempotency index entry names a key of this session;
+    - every turn lease is on an existing branch and reads "<lease id>|<expiry ms>".
     """
     keys = store.keys(session_id)
     async with store.redis.pipeline(transaction=True) as pipe:
@@ -39,7 +40,8 @@ async def check_session_invariants(store: SessionReader, session_id: str) -> Non
         pipe.zrange(keys.turns, 0, -1, withscores=True)
         pipe.xrevrange(keys.events, count=20)
         pipe.zrange(keys.idem_index, 0, -1)
-        meta, raw_branches, index, events, idem = await pipe.execute()
+        pipe.hgetall(keys.base + "leases")
+        meta, raw_branches, index, events, idem, leases = await pipe.execute()
     where = f"session {session_id}"
     assert meta, f"{where}: meta hash missing"
     version, num_turns = int(meta[b"version"]), int(meta[b"num_turns"])
@@ -98,3 +100,7 @@ async def check_session_invariants(store: SessionReader, session_id: str) -> Non
         assert len(set(event_versions)) == len(event_versions), f"{where}: duplicate event"
     for member in idem:
         assert member.decode().startswith(keys.base + "idem:"), f"{where}: idem entry {member!r}"
+    for name, lease in leases.items():
+        assert name.decode() in branches, f"{where}: lease on a missing branch {name!r}"
+        lease_id, _, expiry = lease.decode().partition("|")
+        assert lease_id and expiry.isdigit(), f"{where}: malformed lease {lease!r}"

@@ -71,8 +71,10 @@ end
 """
 
 # ARGV[7] branch, ARGV[8] parent ('' = branch head), ARGV[9] expected head (''),
-# ARGV[10] move branch ('1'/'0'), ARGV[11] n, then 7 values per turn:
-# id, role, messages, tool_calls, packed token ids, usage, finish_reason. KEYS[6+i]: turn i.
+# ARGV[10] move branch ('1'/'0'), ARGV[11] n, ARGV[12] lease id to release ('' = none),
+# ARGV[13] branch to fork at the parent when the head moved ('' = fail with HEAD_MOVED), then
+# 7 values per turn: id, role, messages, tool_calls, packed token ids, usage, finish_reason.
+# KEYS[6+i]: turn i. The fork, when taken, is a mutation of its own (version and event).
 APPEND: Final = (
     "local WANT_META = false\n"
     + _MUTATION_PRELUDE
@@ -80,23 +82,38 @@ APPEND: Final = (
 local branch = ARGV[7]
 local head = redis.call('HGET', KEYS[2], branch)
 if not head then return {'NO_BRANCH'} end
-if ARGV[9] ~= '' and ARGV[9] ~= head then
-  return {'HEAD_MOVED', head, tostring(version), 'expected head differs'}
-end
+local fork = ARGV[13]
+local moved = nil
+if ARGV[9] ~= '' and ARGV[9] ~= head then moved = 'expected head differs' end
 local parent = ARGV[8]
 if parent == '' then parent = head end
 local pdepth = depth_of(parent)
 if not pdepth then return {'NO_TURN', parent} end
 local move = ARGV[10] == '1'
-if move and parent ~= head then
+if move and not moved and parent ~= head then
   local hdepth = depth_of(head)
   if not hdepth or hdepth > pdepth or ancestor_at(parent, pdepth, hdepth) ~= head then
-    return {'HEAD_MOVED', head, tostring(version), 'parent is not on the branch line (fork first)'}
+    moved = 'parent is not on the branch line (fork first)'
   end
 end
+if moved and fork == '' then return {'HEAD_MOVED', head, tostring(version), moved} end
+if moved and redis.call('HEXISTS', KEYS[2], fork) == 1 then return {'BRANCH_EXISTS'} end
 local n = tonumber(ARGV[11])
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[6 + i]) == 1 then return {'ID_EXISTS', ARGV[12 + (i - 1) * 7]} end
+  if redis.call('EXISTS', KEYS[6 + i]) == 1 then return {'ID_EXISTS', ARGV[14 + (i - 1) * 7]} end
+end
+if ARGV[12] ~= '' then
+  local held = redis.call('HGET', base .. 'leases', branch)
+  if held and string.sub(held, 1, #ARGV[12] + 1) == ARGV[12] .. '|' then
+    redis.call('HDEL', base .. 'leases', branch)
+  end
+end
+if moved then
+  version = version + 1
+  redis.call('HSET', KEYS[2], fork, parent)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'type', 'branch.created',
+             'version', tostring(version), 'branch', fork, 'turn', parent)
+  branch = fork
 end
 version = version + 1
 local seq = tonumber(redis.call('HGET', KEYS[1], 'num_turns'))
@@ -105,7 +122,7 @@ local prev = parent
 local depth = pdepth
 local ids = {}
 for i = 1, n do
-  local o = 11 + (i - 1) * 7
+  local o = 13 + (i - 1) * 7
   local id = ARGV[o + 1]
   depth = depth + 1
   redis.call('HSET', KEYS[6 + i], 'parent', prev, 'depth', tostring(depth), 'seq', tostring(seq),
@@ -126,7 +143,7 @@ if move then
   new_head = prev
 end
 local result = cjson.encode({v = tostring(version), ids = ids, p = parent,
-  d = tostring(pdepth + 1), s = tostring(first_seq), ms = now_str, h = new_head})
+  d = tostring(pdepth + 1), s = tostring(first_seq), ms = now_str, h = new_head, b = branch})
 return commit(result, {'turns.appended', 'branch', branch, 'parent', parent,
                        'turn_ids', table.concat(ids, ' '), 'head', new_head})
 """
@@ -169,9 +186,10 @@ return commit(result, {'branch.moved', 'branch', ARGV[7], 'from', head, 'to', AR
 """
 )
 
-# KEYS: meta, br, turns, ev, root turn. ARGV[1] tenant, ARGV[2] create hash ('' = none),
+# KEYS: meta, br, turns, ev, root turn, paths. ARGV[1] tenant, ARGV[2] create hash ('' = none),
 # ARGV[3] model, ARGV[4] metadata, ARGV[5] system, ARGV[6] tools (JSON), ARGV[7] root id,
-# ARGV[8] packed system token ids, ARGV[9] default branch, ARGV[10] stream MAXLEN ~.
+# ARGV[8] packed system token ids, ARGV[9] default branch, ARGV[10] stream MAXLEN ~,
+# ARGV[11] the root's path hash to index ('' = none; `sessions.path_index`).
 # The create's idempotency record is `create_hash` in meta: it never expires, and a replay
 # reports the first result (version 1, only the default branch) rebuilt from meta.
 CREATE: Final = """
@@ -195,6 +213,7 @@ redis.call('HSET', KEYS[5], 'parent', '', 'depth', '0', 'seq', '0', 'version', '
            'num_tokens', tostring(#ARGV[8] / 4), 'usage', 'null', 'finish_reason', '',
            'created_ms', now_str)
 redis.call('ZADD', KEYS[3], 0, ARGV[7])
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[6], ARGV[11], ARGV[7]) end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', 'type', 'session.created',
            'version', '1', 'root', ARGV[7], 'branch', ARGV[9])
 return {'OK', redis.call('HGETALL', KEYS[1])}
@@ -211,6 +230,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
 end
 for _, k in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do keys[#keys + 1] = k end
 keys[#keys + 1] = ARGV[1] .. 'paths'
+keys[#keys + 1] = ARGV[1] .. 'leases'
 for i = 1, 5 do keys[#keys + 1] = KEYS[i] end
 for i = 1, #keys, 500 do
   redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys)))

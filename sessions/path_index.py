@@ -19,9 +19,11 @@ Keys (with the default prefix `rg:`):
 
     rg:{sid}:paths          HASH  path hash -> turn id: the session's anchors (in the session's
                                   slot; `SessionStore.delete_session` deletes it with the session)
-    rg:t:<tenant>:paths     HASH  path hash -> session id: the tenant's latest session holding
-                                  that path (another slot: written after the session's entry, so
-                                  it may briefly lag; `forget` drops a deleted session's entries)
+    rg:t:<tenant>:paths     HASH  path hash -> "<session id>:<turn id>": the tenant's latest
+                                  session holding that path, and the anchor in it (another slot:
+                                  sent with the session's entry but not atomically with it, so it
+                                  may briefly lag or name a turn that is gone: callers check the
+                                  anchor when they use it; `forget` drops a deleted session's)
 
 Root hashes go only into the session's own hash: a conversation that shares nothing but the system
 prompt with an earlier one gets a session of its own unless the caller names the session.
@@ -37,6 +39,7 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from sessions.codec import raise_for_reply
 from sessions.keys import SessionKeys, check_tenant, tenant_paths_key
@@ -55,8 +58,10 @@ return {'OK'}
 # KEYS: tenant paths. ARGV[1] session id, then path hashes: drop those still naming the session.
 _FORGET: Final = """
 local n = 0
+local prefix = ARGV[1] .. ':'
 for i = 2, #ARGV do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[1] then
+  local value = redis.call('HGET', KEYS[1], ARGV[i])
+  if value and string.sub(value, 1, #prefix) == prefix then
     n = n + redis.call('HDEL', KEYS[1], ARGV[i])
   end
 end
@@ -157,44 +162,46 @@ class PathIndex:
     async def record(self, tenant: str, session_id: str, anchors: Mapping[str, str], *,
                      tenant_wide: bool = True) -> None:
         """Index `anchors` (path hash -> turn id) of the session; with `tenant_wide`, also make
-        the session the tenant's answer for those hashes. Raises SessionNotFound (the session is
-        gone or another tenant's; nothing is written then)."""
+        the session the tenant's answer for those hashes (one round trip for both). Raises
+        SessionNotFound (the session is gone or another tenant's; the session's index is not
+        written then, and a tenant-wide entry it leaves names a missing session)."""
         check_tenant(tenant)
         if not anchors:
             return
         keys = SessionKeys(self.key_prefix, session_id)
         flat = [v for pair in anchors.items() for v in pair]
-        reply = await self._record(keys=[keys.meta, keys.paths], args=[tenant, *flat])
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.evalsha(self._record.sha, 2, keys.meta, keys.paths, tenant, *flat)
+            if tenant_wide:
+                pipe.hset(tenant_paths_key(self.key_prefix, tenant), mapping={
+                    path_hash: f"{session_id}:{turn_id}" for path_hash, turn_id in
+                    anchors.items()})
+            reply, *_ = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):  # a restarted server: load it (one more trip)
+            reply = await self._record(keys=[keys.meta, keys.paths], args=[tenant, *flat])
+        elif isinstance(reply, Exception):
+            raise reply
         if reply[0] != b"OK":
             raise_for_reply(reply, session_id)
-        if tenant_wide:
-            await self.redis.hset(tenant_paths_key(self.key_prefix, tenant),
-                                  mapping=dict.fromkeys(anchors, session_id))
 
     async def find(self, tenant: str, hashes: Sequence[str], *,
-                   session_id: str | None = None) -> PathMatch | None:
-        """The deepest indexed anchor among `hashes` (a `path_hashes` list, or a prefix of one).
-
-        With `session_id`, only that session's anchors count (roots included); without, the
-        tenant-wide entries (assistant turns only). None when nothing matches or the session is
-        not the tenant's. Does not mutate."""
+                   session_id: str | None = None) -> list[PathMatch]:
+        """Anchors among `hashes` (a `path_hashes` list, or a prefix of one), deepest first, in
+        one round trip. With `session_id`, only that session's anchors count (roots included;
+        [] when the session is not the tenant's); without, the tenant-wide entries (assistant
+        turns only, at most MAX_CANDIDATES, unchecked: the caller's use of one checks it).
+        Does not mutate."""
         check_tenant(tenant)
         if session_id is not None:
             return await self._find_in(tenant, session_id, hashes)
-        sids: list[Any] = await self.redis.hmget(tenant_paths_key(self.key_prefix, tenant),
-                                                 list(hashes))
-        tried = 0
+        values: list[Any] = await self.redis.hmget(tenant_paths_key(self.key_prefix, tenant),
+                                                   list(hashes))
+        found: list[PathMatch] = []
         for k in range(len(hashes) - 1, -1, -1):
-            if sids[k] is None:
-                continue
-            sid = sids[k].decode()
-            turn_id = await self._anchor(tenant, sid, hashes[k])
-            if turn_id is not None:
-                return PathMatch(sid, turn_id, k)
-            tried += 1
-            if tried >= MAX_CANDIDATES:
-                break
-        return None
+            if values[k] is not None and len(found) < MAX_CANDIDATES:
+                sid, _, turn_id = values[k].decode().partition(":")
+                found.append(PathMatch(sid, turn_id, k))
+        return found
 
     async def session_hashes(self, session_id: str) -> list[str]:
         """Every path hash indexed in the session (for `forget`)."""
@@ -226,25 +233,13 @@ class PathIndex:
                 f"session {session_id}: path {path_hash!r} names {turn_id!r} of role {role!r}")
 
     async def _find_in(self, tenant: str, session_id: str, hashes: Sequence[str]
-                       ) -> PathMatch | None:
+                       ) -> list[PathMatch]:
         keys = SessionKeys(self.key_prefix, session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(keys.meta, "tenant")
             pipe.hmget(keys.paths, list(hashes))
             owner, turn_ids = await pipe.execute()
         if owner != tenant.encode():
-            return None
-        for k in range(len(hashes) - 1, -1, -1):
-            if turn_ids[k] is not None:
-                return PathMatch(session_id, turn_ids[k].decode(), k)
-        return None
-
-    async def _anchor(self, tenant: str, session_id: str, path_hash: str) -> str | None:
-        keys = SessionKeys(self.key_prefix, session_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.meta, "tenant")
-            pipe.hget(keys.paths, path_hash)
-            owner, turn_id = await pipe.execute()
-        if owner != tenant.encode() or turn_id is None:
-            return None
-        return str(turn_id.decode())
+            return []
+        return [PathMatch(session_id, turn_ids[k].decode(), k)
+                for k in range(len(hashes) - 1, -1, -1) if turn_ids[k] is not None]

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from sessions import lua
 from sessions.codec import (
@@ -47,6 +49,7 @@ from sessions.keys import (
 from sessions.models import DEFAULT_BRANCH, NewTurn, Session, Turn, pack_token_ids
 from sessions.path_index import PathIndex
 from sessions.reader import SessionReader
+from sessions.turn_commit import TurnCommits
 
 
 class SessionStore(SessionReader):
@@ -68,11 +71,17 @@ class SessionStore(SessionReader):
         self._idem_ttl_s = idempotency_ttl_s
         self._maxlen = stream_maxlen
         self._create: AsyncScript = redis.register_script(lua.CREATE)
-        self._append: AsyncScript = redis.register_script(lua.APPEND)
+        self._append_script: AsyncScript = redis.register_script(lua.APPEND)
         self._fork: AsyncScript = redis.register_script(lua.FORK)
         self._rewind: AsyncScript = redis.register_script(lua.REWIND)
         self._delete: AsyncScript = redis.register_script(lua.DELETE)
         self.paths = PathIndex(redis, key_prefix=key_prefix)  # deleted with each session
+        self.turns = TurnCommits(self)
+
+    @property
+    def stream_maxlen(self) -> int:
+        """Approximate cap on each session's event stream."""
+        return self._maxlen
 
     # ---- mutations ------------------------------------------------------------------------
 
@@ -86,8 +95,10 @@ class SessionStore(SessionReader):
         tools: Sequence[Mapping[str, Any]] = (),
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        root_path_hash: str | None = None,
     ) -> Session:
         """Create a session whose root turn holds `system_token_ids`; branch "main" points at it.
+        One round trip; with `root_path_hash` the root is also indexed under it (path index).
 
         Version 1. With `idempotency_key` the session id is derived from (tenant, key), so a retry
         returns the session as first created (no expiry while the session exists; after
@@ -108,17 +119,28 @@ class SessionStore(SessionReader):
                 "create",
                 {"model": model, "fields": fields, "tokens": hashlib.sha256(blob).hexdigest()},
             )
-        keys_ = [keys.meta, keys.branches, keys.turns, keys.events, keys.turn(root_id)]
+        keys_ = [keys.meta, keys.branches, keys.turns, keys.events, keys.turn(root_id),
+                 keys.paths]
         args: list[str | bytes] = [tenant, create_hash, model, *fields, root_id, blob]
-        args += [DEFAULT_BRANCH, str(self._maxlen)]
-        reply = await self._create(keys=keys_, args=args)
+        args += [DEFAULT_BRANCH, str(self._maxlen), root_path_hash or ""]
+        # The tenant's index is in another slot; sent in the same round trip (NX keeps a
+        # replay's first score). It is only a listing: an entry whose create failed names a
+        # session that reads as missing.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            # evalsha itself: a pipeline given the Script would first ask SCRIPT EXISTS.
+            pipe.evalsha(self._create.sha, len(keys_), *keys_, *args)
+            pipe.zadd(tenant_index_key(self.key_prefix, tenant), {sid: time.time() * 1000},
+                      nx=True)
+            reply, _ = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):  # a restarted server: load it (one more trip)
+            reply = await self._create(keys=keys_, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
         if reply[0] not in (b"OK", b"DUP"):
             raise_for_reply(reply, sid)
         meta = pairs(reply[1])
         root = text(meta.get(b"root"))
-        session = decode_session(sid, meta, 1, {text(meta.get(b"default_branch")): root})
-        await self.redis.zadd(tenant_index_key(self.key_prefix, tenant), {sid: session.created_ms})
-        return session
+        return decode_session(sid, meta, 1, {text(meta.get(b"default_branch")): root})
 
     async def append_turns(
         self,
@@ -145,16 +167,33 @@ class SessionStore(SessionReader):
         (`expected_version`), HeadMoved (`expected_head` differs from the head, or not a
         fast-forward), IdempotencyConflict, InvalidTreeOperation (no turns).
         """
+        appended, _ = await self._append(
+            session_id, tenant, [(new_id(), t) for t in turns], branch or DEFAULT_BRANCH,
+            parent_turn_id, expected_version=expected_version, expected_head=expected_head,
+            idempotency_key=idempotency_key, move_branch=move_branch)
+        return appended
+
+    async def _append(
+        self, session_id: str, tenant: str, turns: Sequence[tuple[str, NewTurn]], branch: str,
+        parent_turn_id: str | None, *, expected_version: int | None, expected_head: str | None,
+        idempotency_key: str | None, move_branch: bool, lease_id: str | None = None,
+        fork_branch: str | None = None, idempotency_fields: Mapping[str, Any] | None = None,
+    ) -> tuple[list[Turn], str]:  # fmt: skip
+        """`append_turns` with the turns' ids given; also releases `lease_id` on `branch` and,
+        when the head moved, forks `fork_branch` at the parent and appends there. With
+        `idempotency_fields` the request hash is of those (not of the turns). Returns the
+        turns and the branch that holds them."""
         keys = self.keys(session_id)
-        branch = branch or DEFAULT_BRANCH
         if not turns:
             raise InvalidTreeOperation("append_turns needs at least one turn")
-        if not is_valid_branch(branch):
+        if not is_valid_branch(branch) or (fork_branch and not is_valid_branch(fork_branch)):
             raise BranchNotFound(session_id, branch)
         if parent_turn_id is not None and not is_valid_id(parent_turn_id):
             raise TurnNotFound(session_id, parent_turn_id)
-        encoded = [EncodedTurn.of(new_id(), t) for t in turns]
-        fields = {
+        if any(not is_valid_id(turn_id) for turn_id, _ in turns):
+            raise InvalidTreeOperation("turn ids must be 1-128 of [A-Za-z0-9_-]")
+        encoded = [EncodedTurn.of(turn_id, t) for turn_id, t in turns]
+        fields = idempotency_fields or {
             "branch": branch,
             "parent": parent_turn_id,
             "expected_head": expected_head,
@@ -162,11 +201,11 @@ class SessionStore(SessionReader):
             "turns": [e.fingerprint() for e in encoded],
         }
         args: list[str | bytes | int] = [branch, parent_turn_id or "", expected_head or ""]
-        args += ["1" if move_branch else "0", len(turns)]
+        args += ["1" if move_branch else "0", len(turns), lease_id or "", fork_branch or ""]
         args += [value for e in encoded for value in e.args()]
         result, _ = await self._mutate(
-            self._append, keys, tenant, "append", fields, idempotency_key, expected_version,
-            [keys.turn(e.id) for e in encoded], args, branch,
+            self._append_script, keys, tenant, "append", fields, idempotency_key,
+            expected_version, [keys.turn(e.id) for e in encoded], args, branch,
         )  # fmt: skip
         # On a replay the ids are the first call's; the bodies are equal (same request hash).
         data = json.loads(result)
@@ -174,7 +213,7 @@ class SessionStore(SessionReader):
         version, created_ms = int(data["v"]), int(data["ms"])
         depth, seq = int(data["d"]), int(data["s"])
         parents = [data["p"], *ids[:-1]]
-        return [
+        appended = [
             replace(e, id=turn_id).to_turn(
                 session_id,
                 parent_id=parent,
@@ -185,6 +224,7 @@ class SessionStore(SessionReader):
             )
             for i, (e, turn_id, parent) in enumerate(zip(encoded, ids, parents, strict=True))
         ]
+        return appended, str(data.get("b", branch))
 
     async def fork(
         self,

@@ -8,41 +8,43 @@
 Session: with a `session_hint` (`X-Claude-Code-Session-Id`) the session derived from
 (tenant, hint, h0), created on first use (idempotently, so racing first requests agree); only its
 anchors count, the root included, so a changed first message forks at the root. Without a hint,
-the tenant-wide index of assistant turns; no match (nothing in common but perhaps the system
-prompt) starts a new session.
+the tenant-wide index of assistant turns (a few candidates, deepest first: an entry can name a
+turn that is gone, which the turn's start finds out); no match starts a new session.
 
-Branch: the anchor's branch when the anchor is a branch head (the conversation goes on), else a
-new branch forked at the anchor (an edited earlier message, or a regenerated reply).
+Branch: decided by the turn's start (`sessions.turn_commit`), which moves the anchor's branch
+when the anchor is its head and no other turn holds it, and otherwise forks a branch at the
+anchor (an edited earlier message, a regenerated reply, or two requests racing on one
+conversation). A stateless client never sees a conflict.
 """
 
 from __future__ import annotations
 
 import hashlib
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.compat.conversation import Conversation
 from gateway.rendering import TurnRenderer
-from gateway.tool_prompt import normalize_tools
-from sessions import SessionStore, Turn, path_hashes, root_path_hash
+from gateway.tool_prompt import ToolDef
+from sessions import PathMatch, SessionStore, Turn, path_hashes, root_path_hash
 from sessions.keys import derived_session_id
 from sessions.path_index import extend_path_hash
+from sessions.turn_commit import TurnStart
 
 MAX_HINT_LEN = 256  # kept in the session's metadata
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The append a request turns into. `path_hashes` is h0 .. hn of its messages."""
+    """The append a request turns into. `path_hashes` is h0 .. hn of its messages; `start` is
+    set for a session created for it (the root is the parent; nothing else to read)."""
 
     session_id: str
     parent_turn_id: str
-    branch: str
     new_messages: tuple[dict[str, Any], ...]
     path_hashes: tuple[str, ...]
     num_matched: int  # messages already on the path to `parent_turn_id`
-    is_new_session: bool
+    start: TurnStart | None = None
 
 
 class TreeMapper:
@@ -59,30 +61,39 @@ class TreeMapper:
                               tools=conversation.tools)
         return path_hashes(root, conversation.messages)
 
-    async def place(self, tenant: str, conversation: Conversation, *,
-                    session_hint: str | None) -> Placement:
-        """Find (or create) the session and anchor; fork a branch when the anchor is no head.
-
-        Mutates the store only to create a session or a branch. Raises InvalidRequest (nothing
-        to answer), InvalidToolSchema and session errors."""
+    async def candidates(self, tenant: str, conversation: Conversation, *,
+                         session_hint: str | None) -> list[Placement]:
+        """Places for the conversation in existing sessions, best first (one round trip; may
+        be empty). Raises InvalidRequest (nothing to answer)."""
         conversation.check_answerable()
         hashes = self.hashes(conversation)
-        candidates = hashes[:-1]  # the last message is always new
-        index = self.store.paths
+        session_id = None
         if session_hint is not None:
-            key = _hint_key(session_hint, hashes[0])
-            match = await index.find(tenant, candidates, session_id=_hinted_id(tenant, key))
-        else:
-            key, match = None, await index.find(tenant, candidates)
-        if match is None:
-            session_id, root_id = await self._create(tenant, conversation, session_hint, key,
-                                                     hashes[0])
-            return Placement(session_id, root_id, "main", conversation.messages, tuple(hashes),
-                             0, True)
-        branch = await self._branch_at(tenant, match.session_id, match.turn_id)
-        return Placement(match.session_id, match.turn_id, branch,
-                         conversation.messages[match.num_matched:], tuple(hashes),
-                         match.num_matched, False)
+            session_id = _hinted_id(tenant, _hint_key(session_hint, hashes[0]))
+        matches = await self.store.paths.find(tenant, hashes[:-1], session_id=session_id)
+        return [self._placement(conversation, hashes, match) for match in matches]
+
+    async def create(self, tenant: str, conversation: Conversation, tools: list[ToolDef], *,
+                     session_hint: str | None) -> Placement:
+        """A new session for the conversation (the hinted one, idempotently), with its root
+        indexed; one round trip. Its `start` holds no lease: two requests that race into a new
+        session meet at the commit, where the second forks."""
+        hashes = self.hashes(conversation)
+        metadata = {"source": "compat"}
+        key = None
+        if session_hint is not None:
+            metadata["session_hint"] = session_hint[:MAX_HINT_LEN]
+            key = f"compat:{_hint_key(session_hint, hashes[0])}"
+        system_ids = self.renderer.system_token_ids(conversation.system, tools)
+        session = await self.store.create_session(
+            tenant, self.model, system_token_ids=system_ids, system=conversation.system,
+            tools=list(conversation.tools), metadata=metadata, idempotency_key=key,
+            root_path_hash=hashes[0])
+        root = Turn(id=session.root_turn_id, session_id=session.id, parent_id=None,
+                    role="root", depth=0, seq=0, version=1, created_ms=session.created_ms,
+                    token_ids=tuple(system_ids))
+        start = TurnStart(session, root, session.default_branch, "", False)
+        return Placement(session.id, root.id, conversation.messages, tuple(hashes), 0, start)
 
     async def record_reply(self, tenant: str, placement: Placement, reply: Turn) -> None:
         """Index the generated assistant turn under the path of its conversation."""
@@ -91,29 +102,12 @@ class TreeMapper:
         path_hash = extend_path_hash(placement.path_hashes[-1], message)
         await self.store.paths.record(tenant, placement.session_id, {path_hash: reply.id})
 
-    async def _create(self, tenant: str, conversation: Conversation, hint: str | None,
-                      key: str | None, root_hash: str) -> tuple[str, str]:
-        metadata = {"source": "compat"}
-        if hint is not None:
-            metadata["session_hint"] = hint[:MAX_HINT_LEN]
-        tool_defs = normalize_tools(conversation.tools)
-        session = await self.store.create_session(
-            tenant, self.model, system_token_ids=self.renderer.system_token_ids(
-                conversation.system, tool_defs),
-            system=conversation.system, tools=list(conversation.tools), metadata=metadata,
-            idempotency_key=None if key is None else f"compat:{key}")
-        await self.store.paths.record(tenant, session.id, {root_hash: session.root_turn_id},
-                                      tenant_wide=False)
-        return session.id, session.root_turn_id
-
-    async def _branch_at(self, tenant: str, session_id: str, turn_id: str) -> str:
-        session = await self.store.get_session(session_id, tenant=tenant)
-        heads = [name for name, head in sorted(session.branches.items()) if head == turn_id]
-        if heads:
-            return session.default_branch if session.default_branch in heads else heads[0]
-        branch = f"compat-{secrets.token_hex(4)}"
-        await self.store.fork(session_id, turn_id, branch, tenant=tenant)
-        return branch
+    @staticmethod
+    def _placement(conversation: Conversation, hashes: list[str],
+                   match: PathMatch) -> Placement:
+        return Placement(match.session_id, match.turn_id,
+                         conversation.messages[match.num_matched:], tuple(hashes),
+                         match.num_matched)
 
 
 def _hint_key(hint: str, root_hash: str) -> str:

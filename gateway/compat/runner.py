@@ -23,8 +23,8 @@ from gateway.schemas import AppendTurnRequest, GenerateOptions, Message, NamedTo
 from gateway.schemas import ToolChoice as NativeToolChoice
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Telemetry, traced_turn
-from gateway.tool_prompt import normalize_tools
 from gateway.turns import TurnEnded, TurnEvent, TurnService, TurnStarted
+from sessions import SessionNotFound, TurnNotFound
 
 SESSION_HEADER = "x-radixgate-session-id"
 TURN_HEADER = "x-radixgate-turn-id"
@@ -33,8 +33,8 @@ MAX_STOP = 16
 
 @dataclass(frozen=True)
 class StartedTurn:
-    """A turn whose input is stored and whose generation is about to start. `events` yields the
-    rest of the turn (TextDelta ... TurnEnded); closing it aborts the engine request."""
+    """A turn whose branch is reserved and whose generation is about to start. `events` yields
+    the rest of the turn (TextDelta ... TurnEnded); closing it aborts the engine request."""
 
     placement: Placement
     started: TurnStarted
@@ -45,7 +45,7 @@ class StartedTurn:
         """Response headers naming the session and the input turn."""
         return {SESSION_HEADER: self.placement.session_id,
                 "x-radixgate-input-turn-id": self.started.input_turn_id,
-                "x-radixgate-branch": self.placement.branch}
+                "x-radixgate-branch": self.started.branch or ""}
 
 
 class CompatService:
@@ -68,7 +68,7 @@ class CompatService:
     def count_tokens(self, conversation: Conversation) -> int:
         """Prompt tokens of the conversation as a new session would hold them (no I/O)."""
         renderer = self.turns.renderer
-        tools = normalize_tools(conversation.tools)
+        tools = self.turns.tools_of(conversation.tools)
         system_ids = renderer.system_token_ids(conversation.system, tools)
         delta = renderer.input_token_ids(conversation.messages, system=conversation.system,
                                          after_root=True, tools=tools)
@@ -76,20 +76,37 @@ class CompatService:
 
     async def start(self, tenant: str, conversation: Conversation, *,
                     session_hint: str | None) -> StartedTurn:
-        """Place the conversation and store its new messages as an input turn. Raises
-        UnknownModel, InvalidRequest and session / engine errors before anything streams."""
+        """Place the conversation and reserve its branch (three store round trips with the
+        key check: the index, then the turn's start or the new session). Raises UnknownModel,
+        InvalidRequest and session / engine errors before anything streams."""
         self.check_model(conversation.model)
-        normalize_tools(conversation.tools)  # InvalidToolSchema before anything is written
-        request = self._append_request(conversation)
-        placement = await self.mapper.place(tenant, conversation, session_hint=session_hint)
+        tools = self.turns.tools_of(conversation.tools)  # InvalidToolSchema before any I/O
+        request = self._append_request(conversation)  # every message validated, once
+        for placement in await self.mapper.candidates(tenant, conversation,
+                                                      session_hint=session_hint):
+            try:
+                return await self._run(tenant, placement, request)
+            except (SessionNotFound, TurnNotFound):
+                continue  # a tenant-wide entry naming a turn that is gone: try the next
+        placement = await self.mapper.create(tenant, conversation, tools,
+                                             session_hint=session_hint)
+        return await self._run(tenant, placement, request)
+
+    async def _run(self, tenant: str, placement: Placement,
+                   request: AppendTurnRequest) -> StartedTurn:
         request = request.model_copy(update={
-            "branch": placement.branch, "parent_turn_id": placement.parent_turn_id,
-            "messages": [Message.model_validate(m) for m in placement.new_messages]})
+            "parent_turn_id": placement.parent_turn_id,
+            "messages": request.messages[placement.num_matched:]})
         events = traced_turn(self.telemetry, self.turns.run_turn(
-            tenant, placement.session_id, request, expected_version=None),
+            tenant, placement.session_id, request, expected_version=None,
+            start=placement.start, fork_on_conflict=True),
             model=self.model, session_id=placement.session_id,
             max_tokens=request.generate.max_tokens)
-        first = await anext(events)
+        try:
+            first = await anext(events)
+        except BaseException:
+            await events.aclose()
+            raise
         assert isinstance(first, TurnStarted)
         return StartedTurn(placement, first, self._indexed(tenant, placement, events))
 
@@ -139,7 +156,7 @@ async def final_turn(events: AsyncGenerator[TurnEvent, None]) -> TurnEnded:
     raise AssertionError("run_turn ended without TurnEnded")
 
 
-def get_compat(request: Request) -> CompatService:
+async def get_compat(request: Request) -> CompatService:
     state = request.state
     turns: TurnService = state.turns
     settings: GatewaySettings = state.settings

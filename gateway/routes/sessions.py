@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -12,13 +12,12 @@ from gateway.deps import (
     ExpectedVersionDep,
     IdempotencyDep,
     IdempotencyKeyDep,
+    ServicesDep,
     SessionStoreDep,
-    SettingsDep,
-    TelemetryDep,
     TenantDep,
     TurnServiceDep,
 )
-from gateway.errors import InvalidRequest, request_id_of
+from gateway.errors import InFlight, InvalidRequest, request_id_of
 from gateway.generation import TurnResume
 from gateway.idempotency import Claim, IdempotencyStore, Replay, request_hash
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
@@ -32,6 +31,7 @@ from gateway.schemas import (
     SessionView,
     TurnView,
 )
+from gateway.shared_streams import SharedStreams
 from gateway.telemetry import Telemetry, traced_turn
 from gateway.tool_prompt import normalize_tools
 from gateway.turns import TurnEnded, TurnService, TurnStarted
@@ -48,7 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 async def _once(idem: IdempotencyStore, tenant: str, key: str | None, request: Request,
                 body: Any, compute: Callable[[], Awaitable[tuple[int, Any]]]) -> JSONResponse:
     req_hash = request_hash(request.method, request.url.path, body)
-    status, content = await idem.run(tenant, key, req_hash, compute)
+    status, content = await idem.run(tenant, key, req_hash or "", compute)
     return JSONResponse(content, status_code=status)
 
 
@@ -105,19 +105,23 @@ async def get_turn(session_id: str, turn_id: str, tenant: TenantDep,
 @router.post("/{session_id}/turns", response_model=TurnView, responses={
     **_ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
 async def append_turn(session_id: str, body: AppendTurnRequest, request: Request,
-                      tenant: TenantDep, turns: TurnServiceDep, settings: SettingsDep,
-                      idem: IdempotencyDep, expected: ExpectedVersionDep,
-                      telemetry: TelemetryDep, key: IdempotencyKeyDep = None) -> Response:
+                      tenant: TenantDep, services: ServicesDep, expected: ExpectedVersionDep,
+                      key: IdempotencyKeyDep = None) -> Response:
+    settings, turns, idem = services.settings, services.turns, services.idempotency
+    telemetry = services.telemetry
     if len(body.messages) > settings.max_messages:
         raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
-    payload = {"body": body.model_dump(mode="json"), "if_match": expected}
+    req_hash = None  # only an Idempotency-Key needs the request's hash
+    if key is not None:
+        payload = {"body": body.model_dump(mode="json"), "if_match": expected}
+        req_hash = request_hash(request.method, request.url.path, payload)
     if body.generate.stream:
         return await _stream_turn(session_id, body, request, tenant, turns, idem, expected,
-                                  telemetry, key, payload)
-    events = traced_turn(telemetry, turns.run_turn(tenant, session_id, body,
-                                                   expected_version=expected),
-                         model=request.state.model_name, session_id=session_id,
-                         max_tokens=body.generate.max_tokens)
+                                  telemetry, key, req_hash)
+    events = traced_turn(telemetry, turns.run_turn(
+        tenant, session_id, body, expected_version=expected, idempotency_key=key,
+        request_hash=req_hash), model=request.state.model_name, session_id=session_id,
+        max_tokens=body.generate.max_tokens)
 
     async def compute() -> tuple[int, Any]:
         async for event in events:
@@ -125,28 +129,37 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
                 return 200, turn_view(event.turn, event.branch).model_dump(mode="json")
         raise AssertionError("run_turn ended without TurnEnded")
 
-    return await _once(idem, tenant, key, request, payload, compute)
+    status, content = await idem.run(tenant, key, req_hash or "", compute)
+    return JSONResponse(content, status_code=status)
 
 
 async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Request, tenant: str,
                        turns: TurnService, idem: IdempotencyStore, expected: int | None,
-                       telemetry: Telemetry, key: str | None, payload: Any) -> Response:
+                       telemetry: Telemetry, key: str | None, req_hash: str | None
+                       ) -> Response:
     """A streamed turn. With an Idempotency-Key, a retry replays the finished turn, or
     continues one whose engine worker died mid-stream (SSE `error` of type turn_interrupted)."""
     claim: Claim | None = None
     resume: TurnResume | None = None
-    if key is not None:
-        outcome = await idem.claim(tenant, key, request_hash(request.method, request.url.path,
-                                                             payload))
+    streams: SharedStreams = request.state.streams
+    keepalive_s = request.state.settings.sse_keepalive_s
+    if key is not None and req_hash is not None:
+        try:
+            outcome = await idem.claim(tenant, key, req_hash)
+        except InFlight:
+            running = streams.get(idem.record_key(tenant, key))
+            if running is None:
+                raise  # the first request runs on another gateway replica
+            return _sse(keepalive(running.follow(request.headers.get("last-event-id")),
+                                  keepalive_s, SSE_COMMENT_PING))
         if isinstance(outcome, Replay):
-            return StreamingResponse(replayed_stream(outcome.body["parent_turn_id"],
-                                                     outcome.body["turn"]),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
+            return _sse(replayed_stream(outcome.body["parent_turn_id"], outcome.body["turn"]))
         claim = outcome
         if claim.state is not None:
             resume = TurnResume.from_dict(claim.state["resume"])
     events = traced_turn(telemetry, turns.run_turn(
-        tenant, session_id, body, expected_version=expected, resume=resume, interruptible=True),
+        tenant, session_id, body, expected_version=expected, resume=resume, interruptible=True,
+        idempotency_key=key, request_hash=req_hash),
         model=request.state.model_name, session_id=session_id,
         max_tokens=body.generate.max_tokens)
     record = _IdempotentStream(idem, claim) if claim is not None else None
@@ -159,9 +172,13 @@ async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Reques
     assert isinstance(first, TurnStarted)
     num_sent = int(claim.state["num_events"]) if claim and claim.state else 0
     frames = sse_stream(first, events, request_id_of(request), record=record, num_sent=num_sent)
-    return StreamingResponse(keepalive(frames, request.state.settings.sse_keepalive_s,
-                                       SSE_COMMENT_PING),
-                             media_type="text/event-stream", headers=SSE_HEADERS)
+    if claim is not None:  # a retry with the key can join it while it runs
+        frames = streams.start(claim.rkey, frames).follow()
+    return _sse(keepalive(frames, keepalive_s, SSE_COMMENT_PING))
+
+
+def _sse(frames: AsyncGenerator[bytes, None]) -> StreamingResponse:
+    return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 class _IdempotentStream:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.compat import anthropic_mapping
@@ -97,3 +98,24 @@ def test_claude_code_billing_line_is_not_rendered() -> None:
 
     assert system_of("930") == system_of("bf1") == (
         "You are a Claude agent.\nYou are a coding assistant. Be brief.")
+
+
+def test_two_concurrent_stateless_requests_on_one_conversation(live: Live) -> None:
+    """Both succeed: the second finds the branch busy (or moved) and forks its own."""
+    client = live.openai()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Start a story."}]
+    first = client.chat.completions.create(model="gpt-4o", max_tokens=4, temperature=0,
+                                           messages=messages)
+    assert first.choices[0].message.content is not None
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Go on."}]
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda _: client.chat.completions.with_raw_response.create(
+            model="gpt-4o", max_tokens=24, temperature=0, messages=messages), range(2)))
+    session_ids = {r.headers["x-radixgate-session-id"] for r in replies}
+    assert len(session_ids) == 1
+    view = live.session(session_ids.pop())  # checks the tree's invariants too
+    branches = view["branches"]
+    assert len(branches) == 2, branches
+    reply_ids = {r.headers["x-radixgate-turn-id"] for r in replies}
+    assert reply_ids == set(branches.values())

@@ -1,4 +1,6 @@
-"""Optimistic concurrency over HTTP: racing appends with the same `If-Match` version."""
+"""Optimistic concurrency over HTTP: racing appends with the same `If-Match` version. Exactly one
+wins; the others are refused before anything is generated (the branch is leased by the turn in
+progress, or its version has moved on)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def test_same_version_appends_exactly_one_wins(run_gateway: Callable[..., None])
         assert set(statuses) <= {200, 409, 412}, statuses
         losers = [b for status, b in results if status != 200]
         assert all(isinstance(b["error"], dict) and b["error"]["type"] in
-                   ("version_conflict", "head_moved") for b in losers), losers
+                   ("version_conflict", "head_moved", "branch_busy") for b in losers), losers
+        assert h.engine.stats().num_finished == 1  # the losers never reached the engine
         (winner,) = (b for status, b in results if status == 200)
 
         store = SessionStore(h.redis, key_prefix=h.settings.key_prefix)

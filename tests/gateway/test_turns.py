@@ -101,7 +101,7 @@ def test_closing_the_sse_stream_aborts_the_engine_request(
         sid = (await h.client.post("/v1/sessions", json={})).json()["id"]
         store = SessionStore(h.redis, key_prefix=h.settings.key_prefix)
         service = TurnService(store, EngineLink(h.engine_client), TurnRenderer(h.tokenizer),
-                              pin_ttl_s=60, max_tokens_limit=4096)
+                              pin_ttl_s=60, max_tokens_limit=4096, model_id="tiny")
         request = AppendTurnRequest.model_validate({
             "messages": [{"role": "user", "content": "long"}],
             "generate": {"max_tokens": 3000, "stream": True}})
@@ -116,6 +116,10 @@ def test_closing_the_sse_stream_aborts_the_engine_request(
         assert stats.num_running == 0 and stats.num_waiting == 0
         session = await store.get_session(sid, tenant="local")
         assert session.head() == session.root_turn_id  # no assistant turn was stored
+        assert len(await store.get_tree(sid, tenant="local")) == 1  # and no input turn
+        r = await h.client.post(f"/v1/sessions/{sid}/turns", json={  # the branch is free
+            "messages": [{"role": "user", "content": "again"}], "generate": {"max_tokens": 2}})
+        assert r.status_code == 200, r.text
 
     run_gateway(body)
 

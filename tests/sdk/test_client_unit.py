@@ -237,7 +237,8 @@ def test_stream_error_event_is_typed_and_never_retried(sync: bool) -> None:
     seen: list[httpx.Request] = []
     raw = (b'id: t:0\nevent: turn_start\ndata: {"type": "turn_start", "input_turn_id": "t"}\n\n'
            b'id: t:1\nevent: error\ndata: {"type": "error", "error": {"type": '
-           b'"kv_cache_exhausted", "message": "full"}, "request_id": "req_s"}\n\n')
+           b'"kv_cache_exhausted", "message": "full", "status": 503, "retryable": true}, '
+           b'"request_id": "req_s"}\n\n')
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)

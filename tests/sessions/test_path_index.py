@@ -54,19 +54,19 @@ def test_find_the_deepest_anchor(with_store: Run) -> None:
         await index.record("acme", session.id, {h[0]: session.root_turn_id}, tenant_wide=False)
         await index.record("acme", session.id, {h[2]: a1.id, h[4]: a2.id})
         await index.check_invariants(session.id)
-        found = await index.find("acme", h[:-1])
-        assert found is not None and (found.session_id, found.turn_id, found.num_matched) == (
-            session.id, a2.id, 4)
+        found = await index.find("acme", h[:-1])  # deepest first
+        assert [(f.session_id, f.turn_id, f.num_matched) for f in found] == [
+            (session.id, a2.id, 4), (session.id, a1.id, 2)]
         edited = path_hashes(ROOT, [*messages[:2], {"role": "user", "content": "EDITED"}])
-        found = await index.find("acme", edited[:-1])
-        assert found is not None and (found.turn_id, found.num_matched) == (a1.id, 2)
+        (found_edit,) = await index.find("acme", edited[:-1])
+        assert (found_edit.turn_id, found_edit.num_matched) == (a1.id, 2)
         # The root is found only within a named session.
-        assert await index.find("acme", [h[0], h[1]]) is None
-        found = await index.find("acme", [h[0], h[1]], session_id=session.id)
-        assert found is not None and found.turn_id == session.root_turn_id
+        assert await index.find("acme", [h[0], h[1]]) == []
+        (in_session,) = await index.find("acme", [h[0], h[1]], session_id=session.id)
+        assert in_session.turn_id == session.root_turn_id
         # Another tenant sees nothing, and cannot write into the session.
-        assert await index.find("evil", h[:-1]) is None
-        assert await index.find("evil", h[:-1], session_id=session.id) is None
+        assert await index.find("evil", h[:-1]) == []
+        assert await index.find("evil", h[:-1], session_id=session.id) == []
         with pytest.raises(SessionNotFound):
             await index.record("evil", session.id, {h[1]: u1.id})
         assert await store.redis.hget(store.keys(session.id).paths, h[1]) is None
@@ -86,9 +86,10 @@ def test_delete_session_drops_its_index(with_store: Run) -> None:
         await store.delete_session(old.id, tenant="acme")
         assert await keys_matching(store, f"{store.key_prefix}{{{old.id}}}:*") == []
         tenant_key = f"{store.key_prefix}t:acme:paths"
-        assert await store.redis.hgetall(tenant_key) == {shared.encode(): new.id.encode()}
-        found = await store.paths.find("acme", [ROOT, shared])
-        assert found is not None and found.session_id == new.id
+        assert await store.redis.hgetall(tenant_key) == {
+            shared.encode(): f"{new.id}:{a_new.id}".encode()}
+        (found,) = await store.paths.find("acme", [ROOT, shared])
+        assert found.session_id == new.id and found.turn_id == a_new.id
         await store.delete_session(new.id, tenant="acme")
         assert await store.redis.exists(tenant_key) == 0
 
