@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 DEFAULT_SERVICE_NAME = "radixgate"
 _TRUE = frozenset({"1", "true", "yes", "on"})
