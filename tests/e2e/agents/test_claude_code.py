@@ -45,7 +45,7 @@ from tests.e2e.agents.live_serve import LiveServer, turn_table
 pytestmark = pytest.mark.slow
 
 SYSTEM_PROMPT = "You are a coding assistant. Be brief."
-PROMPTS = ["Read calc.py.", "What does add return?"]
+PROMPTS = ["Read calc.py.", "In one word: what does add return?"]
 BUDGET_S = 300.0
 
 
