@@ -89,6 +89,7 @@ def create_app(settings: GatewaySettings | None = None, *,
                         streams=SharedStreams(),
                         services=Services(settings, turns, idempotency, telemetry, name))
         finally:
+            await turns.leases.aclose()
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters
             if engine_client is None:

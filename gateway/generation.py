@@ -27,6 +27,7 @@ from gateway.engine_link import EngineLink
 from gateway.errors import ApiError, EngineFailure
 from gateway.toolcall_parser import ParseEvent, ToolCallParser
 from gateway.toolcall_parser import TextDelta as TextDelta
+from sessions import NewTurn
 
 MAX_WORKER_LOSSES = 2  # a turn that kills its worker this often is not run a third time
 
@@ -162,3 +163,22 @@ def _parse(parser: ToolCallParser | None, text: str) -> list[ParseEvent]:
     if not text:
         return []
     return parser.feed(text) if parser else [TextDelta(text)]
+
+
+def reply_turn(done: Finished, parser: ToolCallParser | None) -> NewTurn:
+    """The assistant turn a finished generation stores: its tokens (with the stop token, so
+    the next turn's prefix is what the engine cached), text, tool calls and usage."""
+    token_ids = list(done.output_token_ids)
+    if done.stop_token_id is not None:
+        token_ids.append(done.stop_token_id)
+    calls = [c.to_dict() for c in parser.tool_calls] if parser else []
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": parser.text if parser else done.text}
+    if calls:
+        message["tool_calls"] = calls
+    finish_reason = "tool_calls" if calls and done.finish_reason == "stop" else (
+        done.finish_reason)
+    usage = {"input_tokens": done.prompt_len, "cached_tokens": done.cached_len,
+             "computed_tokens": done.computed_len, "output_tokens": done.output_len}
+    return NewTurn(role="assistant", token_ids=token_ids, usage=usage, messages=[message],
+                   tool_calls=calls, finish_reason=finish_reason)

@@ -17,13 +17,11 @@ Branch heads are pinned in the engine.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +38,9 @@ from gateway.generation import (
     TurnResume,
     first_extend,
     generate,
+    reply_turn,
 )
+from gateway.leases import LeaseKeeper
 from gateway.rendering import TurnRenderer
 from gateway.schemas import AppendTurnRequest, GenerateOptions, NamedToolChoice
 from gateway.store_retry import through_store_outage
@@ -52,7 +52,6 @@ from sessions import NewTurn, Session, SessionStore, Turn
 from sessions.keys import new_id
 from sessions.turn_commit import TurnStart
 
-LEASE_TTL_S = 30.0  # renewed every third of it while the turn generates
 MAX_CACHED_TOOLSETS = 64
 
 
@@ -94,6 +93,7 @@ class TurnService:
         self.max_tokens_limit = max_tokens_limit
         self.model_id = model_id  # the served model: the engine cache's namespace
         self._toolsets: OrderedDict[str, list[ToolDef]] = OrderedDict()
+        self.leases = LeaseKeeper(store)
 
     async def run_turn(self, tenant: str, session_id: str, request: AppendTurnRequest, *,
                        expected_version: int | None, resume: TurnResume | None = None,
@@ -115,8 +115,8 @@ class TurnService:
         params = self._sampling(request.generate)
         lease_id = resume.lease_id if resume else new_id()
         if start is None:
-            start = await self.store.turns.begin_turn(
-                session_id, tenant=tenant, lease_id=lease_id, lease_ttl_s=LEASE_TTL_S,
+            start = await self.leases.begin(
+                session_id, tenant=tenant, lease_id=lease_id,
                 branch=resume.branch if resume else request.branch,
                 parent_turn_id=resume.parent_turn_id if resume else request.parent_turn_id,
                 expected_version=None if resume else expected_version,
@@ -155,8 +155,9 @@ class TurnService:
         finished: Finished | None = None
         finished_ns: int | None = None
         kept = False  # the lease outlives this call (an interrupted stream continues later)
+        committed = False  # the commit released the lease
         try:
-            with self._renewing(start):
+            with self.leases.renewing(start):
                 stream = generate(self.engine, spec, parser, started=(extend, replies),
                                   progress=progress, interruptible=interruptible)
                 async with aclosing(stream):  # closing must reach the engine (Abort)
@@ -171,13 +172,14 @@ class TurnService:
                 turn, branch = await self._commit(start, tenant, input_id, input_turn,
                                                   reply_id, finished, parser, idempotency_key,
                                                   request_hash)
+                committed = True
         except TurnInterrupted as exc:
             kept = True
             exc.resume = TurnResume(input_id, reply_id, parent.id, start.branch, lease_id,
                                     tuple(delta), exc.progress)
             raise
         finally:
-            if finished is None and not kept:
+            if not committed and not kept:
                 await self._release(start)
         await self._move_pins(start, branch, parent, reply_id)
         yield TurnEnded(turn, branch, finished.timings, finished, finished_ns)
@@ -258,20 +260,7 @@ class TurnService:
                       reply_id: str, done: Finished, parser: ToolCallParser | None,
                       idempotency_key: str | None, request_hash: str | None
                       ) -> tuple[Turn, str | None]:
-        token_ids = list(done.output_token_ids)
-        if done.stop_token_id is not None:
-            token_ids.append(done.stop_token_id)
-        calls = [c.to_dict() for c in parser.tool_calls] if parser else []
-        message: dict[str, Any] = {"role": "assistant",
-                                   "content": parser.text if parser else done.text}
-        if calls:
-            message["tool_calls"] = calls
-        finish_reason = "tool_calls" if calls and done.finish_reason == "stop" else (
-            done.finish_reason)
-        usage = {"input_tokens": done.prompt_len, "cached_tokens": done.cached_len,
-                 "computed_tokens": done.computed_len, "output_tokens": done.output_len}
-        reply = NewTurn(role="assistant", token_ids=token_ids, usage=usage, messages=[message],
-                        tool_calls=calls, finish_reason=finish_reason)
+        reply = reply_turn(done, parser)
         fields = {"request": request_hash} if request_hash else None
         # The generation is done: ride out a store restart rather than lose it. A repeat after
         # a reply lost with the connection is answered from the idempotency record (with a
@@ -291,23 +280,7 @@ class TurnService:
             await self.engine.unpin(parent.id)  # the head it was is no branch's head now
 
     async def _release(self, start: TurnStart) -> None:
-        with contextlib.suppress(Exception):  # best effort: the lease lapses on its own
-            await asyncio.shield(self.store.turns.release_lease(start))
-
-    @contextlib.contextmanager
-    def _renewing(self, start: TurnStart) -> Iterator[None]:
-        """Renew the turn's lease in the background while the body runs."""
-        task = asyncio.get_running_loop().create_task(self._renew(start))
-        try:
-            yield
-        finally:
-            task.cancel()
-
-    async def _renew(self, start: TurnStart) -> None:
-        while True:
-            await asyncio.sleep(LEASE_TTL_S / 3)
-            with contextlib.suppress(Exception):  # a missed renewal only risks a fork
-                await self.store.turns.renew_lease(start, LEASE_TTL_S)
+        await self.leases.release(start)  # never raises; retried when the store is down
 
 
 def _fork_name(base: str | None = None) -> str:

@@ -94,8 +94,20 @@ return {'OK', branch, forked, parent, redis.call('HGETALL', KEYS[1]),
         redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', base .. 't:' .. parent)}
 """
 
-# KEYS: leases. ARGV[1] branch, [2] lease id, [3] TTL ms ('' = release). Only the owner's.
+# KEYS: leases. ARGV[1] branch ('' = whichever it holds: release only), [2] lease id,
+# [3] TTL ms ('' = release). Only the owner's.
 LEASE: Final = """
+if ARGV[1] == '' then
+  local fields = redis.call('HGETALL', KEYS[1])
+  local released = 0
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i + 1], 1, #ARGV[2] + 1) == ARGV[2] .. '|' then
+      redis.call('HDEL', KEYS[1], fields[i])
+      released = released + 1
+    end
+  end
+  return released
+end
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if not held or string.sub(held, 1, #ARGV[2] + 1) ~= ARGV[2] .. '|' then return 0 end
 if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) return 1 end
@@ -166,9 +178,17 @@ class TurnCommits:
     async def release_lease(self, start: TurnStart) -> None:
         """Give the branch back (the turn failed or was aborted); a lease it lost is left."""
         if start.branch is not None:
-            keys = self.store.keys(start.session.id)
-            await self._lease(keys=[keys.base + "leases"], args=[start.branch, start.lease_id,
-                                                                  ""])
+            await self.release_lease_id(start.session.id, start.lease_id, start.branch)
+
+    async def release_lease_id(self, session_id: str, lease_id: str,
+                               branch: str | None = None) -> int:
+        """Release `lease_id` on `branch`, or on whichever branch it holds when None (a
+        `begin_turn` whose answer was lost may have taken it). Safe to repeat; returns the
+        number of leases released."""
+        keys = self.store.keys(session_id)
+        released = await self._lease(keys=[keys.base + "leases"], args=[branch or "", lease_id,
+                                                                         ""])
+        return int(released)
 
     async def commit_turn(self, start: TurnStart, *, tenant: str,
                           turns: Sequence[tuple[str, NewTurn]], fork_branch: str | None = None,

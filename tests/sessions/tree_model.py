@@ -56,15 +56,19 @@ class ModelSession:
         if kw["branch"] not in self.branches:
             return BranchNotFound
         head = self.branches[kw["branch"]]
-        if kw["expected_head"] is not None and kw["expected_head"] != head:
-            return HeadMoved
+        head_moved = kw["expected_head"] is not None and kw["expected_head"] != head
         if op == "rewind":
+            if head_moved:
+                return HeadMoved
             if kw["to_turn_id"] not in self.parent:
                 return TurnNotFound
             return None if kw["to_turn_id"] in self.path(head) else InvalidTreeOperation
+        # An append names its parent before the head check: a fork on conflict needs the parent.
         parent = kw["parent_turn_id"] or head
         if parent not in self.parent:
             return TurnNotFound
+        if head_moved:
+            return HeadMoved
         if kw["move_branch"] and head not in self.path(parent):
             return HeadMoved  # not a fast-forward
         return None
