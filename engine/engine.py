@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -22,13 +22,13 @@ from engine.constrained.spec import ToolConstraint
 from engine.constrained.xgrammar_backend import XGrammarBackend, XGrammarState
 from engine.core import Request
 from engine.cuda_graph import make_static_decode
-from engine.errors import EngineError, InvalidRequest, RequestTooLong, UnknownParent
+from engine.errors import EngineError, InvalidRequest, UnknownParent
 from engine.kv_pool import KVPool, plan_kv_layout
 from engine.model_runner import ModelRunner
 from engine.models.loader import LoadedModel, place_model
-from engine.protocol import Extend, Failed, Finished, Message, Stats, Timings, TokenChunk
+from engine.protocol import Extend, Failed, Finished, Message, Stats, TokenChunk
+from engine.request_limits import clamp_max_tokens, finished_of, replay_output
 from engine.sampling import TokenChoice, make_generator, sample_batch
-from engine.sampling_params import SamplingParams
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.factory import make_speculator
 from engine.spec.speculator import Speculator, Verified
@@ -193,7 +193,9 @@ class Engine:
         ids = prompt + list(extend.resume_output_ids)
         if min(ids) < 0 or max(ids) >= cfg.vocab_size:
             raise InvalidRequest(f"token ids must be in [0, {cfg.vocab_size})")
-        sampling = self._clamped(extend.sampling, len(prompt))
+        sampling = clamp_max_tokens(extend.sampling, len(prompt),
+                                    self.loaded.model.config.max_position_embeddings,
+                                    self.kv_pool.layout.num_tokens)
         stop_ids = set(extend.sampling.stop_token_ids)
         if not extend.sampling.ignore_eos:
             stop_ids.update(tok.stop_token_ids)
@@ -206,22 +208,8 @@ class Engine:
             stopper=TextStopper(tok.stream_decoder(), sampling.stop),
             generator=make_generator(sampling), arrival_s=arrival_s,
             bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar)
-        _resume(req, extend.resume_output_ids)
+        replay_output(req, extend.resume_output_ids)
         return req
-
-    def _clamped(self, sampling: SamplingParams, prompt_len: int) -> SamplingParams:
-        """`sampling` with max_tokens cut to the room left after the prompt (in the model context
-        and the KV pool), as hosted APIs do: the output then ends with finish reason "length".
-        Raises RequestTooLong when not even one output token fits."""
-        context_len = self.loaded.model.config.max_position_embeddings
-        room = min(context_len, self.kv_pool.layout.num_tokens) - prompt_len
-        if room < 1:
-            where = (f"the model context of {context_len}" if context_len <= prompt_len else
-                     f"the KV pool ({self.kv_pool.layout.num_tokens} tokens); raise --kv-memory")
-            raise RequestTooLong(f"{prompt_len} prompt tokens leave no room in {where}")
-        if sampling.max_tokens <= room:
-            return sampling
-        return replace(sampling, max_tokens=room)
 
     def _grammar_for(self, constraint: ToolConstraint, stop_ids: set[int]) -> XGrammarState:
         """Raises `InvalidRequest` without stop ids (the grammar needs an end) and
@@ -302,32 +290,4 @@ class Engine:
         self.num_finished += 1
         if self.speculator is not None:
             self.speculator.finish(req)
-        now = self.clock()
-        first = req.first_token_s if req.first_token_s is not None else now
-        scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else now
-        cached = req.first_cached_len or 0
-        return Finished(
-            request_id=req.request_id, finish_reason=req.finish_reason or "abort",
-            output_token_ids=list(req.output_ids), text=req.stopper.final_text,
-            prompt_len=len(req.prompt_ids), cached_len=cached,
-            computed_len=len(req.prompt_ids) - cached, output_len=len(req.output_ids),
-            timings=Timings(queue_s=scheduled - req.arrival_s, prefill_s=first - scheduled,
-                            decode_s=now - first, ttft_s=first - req.arrival_s),
-            stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
-            num_accepted=req.num_accepted)
-
-
-def _resume(req: Request, output_ids: list[int]) -> None:
-    """Replay an earlier attempt's output into `req` as if it had just been sampled (the grammar
-    and the stop-string state advance; the text it makes was sent before). Raises
-    InvalidRequest when that output could not have been generated under `req`'s limits."""
-    if len(output_ids) >= req.params.max_tokens:
-        raise InvalidRequest("resume_output_ids leave no room for max_tokens")
-    for token_id in output_ids:
-        if token_id in req.stop_ids or (req.grammar is not None
-                                        and not req.grammar.accept_token(token_id)):
-            raise InvalidRequest(f"resume_output_ids: token {token_id} cannot continue")
-        req.output_ids.append(token_id)
-        req.stopper.feed(token_id)
-        if req.stopper.stopped:
-            raise InvalidRequest("resume_output_ids already end with a stop string")
+        return finished_of(req, self.clock())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn, cast
 
 from sessions.errors import (
@@ -262,3 +262,21 @@ def raise_for_reply(
     if code == "NOT_ANCESTOR":
         raise InvalidTreeOperation(f"rewind target is not an ancestor of the head of {branch!r}")
     raise StoreCorruption(f"session {session_id}: script answered {code} {rest}")
+
+
+def decode_appended(session_id: str, encoded: Sequence[EncodedTurn], result: bytes,
+                    branch: str) -> tuple[list[Turn], str]:
+    """The turns an APPEND script stored (its JSON `result`) and the branch that holds them
+    (`branch` unless the script forked). On a replay the ids are the first call's; the bodies
+    are equal (same request hash)."""
+    data = json.loads(result)
+    ids: list[str] = data["ids"]
+    version, created_ms = int(data["v"]), int(data["ms"])
+    depth, seq = int(data["d"]), int(data["s"])
+    parents = [data["p"], *ids[:-1]]
+    appended = [
+        replace(e, id=turn_id).to_turn(session_id, parent_id=parent, depth=depth + i,
+                                       seq=seq + i, version=version, created_ms=created_ms)
+        for i, (e, turn_id, parent) in enumerate(zip(encoded, ids, parents, strict=True))
+    ]
+    return appended, str(data.get("b", branch))

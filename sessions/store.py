@@ -17,7 +17,6 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
@@ -27,6 +26,7 @@ from redis.exceptions import NoScriptError
 from sessions import lua
 from sessions.codec import (
     EncodedTurn,
+    decode_appended,
     decode_branches,
     decode_session,
     dumps,
@@ -207,24 +207,7 @@ class SessionStore(SessionReader):
             self._append_script, keys, tenant, "append", fields, idempotency_key,
             expected_version, [keys.turn(e.id) for e in encoded], args, branch,
         )  # fmt: skip
-        # On a replay the ids are the first call's; the bodies are equal (same request hash).
-        data = json.loads(result)
-        ids: list[str] = data["ids"]
-        version, created_ms = int(data["v"]), int(data["ms"])
-        depth, seq = int(data["d"]), int(data["s"])
-        parents = [data["p"], *ids[:-1]]
-        appended = [
-            replace(e, id=turn_id).to_turn(
-                session_id,
-                parent_id=parent,
-                depth=depth + i,
-                seq=seq + i,
-                version=version,
-                created_ms=created_ms,
-            )
-            for i, (e, turn_id, parent) in enumerate(zip(encoded, ids, parents, strict=True))
-        ]
-        return appended, str(data.get("b", branch))
+        return decode_appended(session_id, encoded, result, branch)
 
     async def fork(
         self,

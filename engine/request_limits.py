@@ -1,0 +1,59 @@
+"""What a request is held to from admission to result: its output fits the room left in the
+context and the KV pool, an earlier attempt's output replays as if just sampled, and its result
+carries its timings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engine.core import Request
+from engine.errors import InvalidRequest, RequestTooLong
+from engine.protocol import Finished, Timings
+from engine.sampling_params import SamplingParams
+
+
+def clamp_max_tokens(sampling: SamplingParams, prompt_len: int, context_len: int,
+                     pool_tokens: int) -> SamplingParams:
+    """`sampling` with max_tokens cut to the room left after the prompt (in the model context
+    of `context_len` and a KV pool of `pool_tokens`), as hosted APIs do: the output then ends
+    with finish reason "length". Raises RequestTooLong when not even one output token fits."""
+    room = min(context_len, pool_tokens) - prompt_len
+    if room < 1:
+        where = (f"the model context of {context_len}" if context_len <= prompt_len else
+                 f"the KV pool ({pool_tokens} tokens); raise --kv-memory")
+        raise RequestTooLong(f"{prompt_len} prompt tokens leave no room in {where}")
+    if sampling.max_tokens <= room:
+        return sampling
+    return replace(sampling, max_tokens=room)
+
+
+def replay_output(req: Request, output_ids: list[int]) -> None:
+    """Replay an earlier attempt's output into `req` as if it had just been sampled (the grammar
+    and the stop-string state advance; the text it makes was sent before). Raises
+    InvalidRequest when that output could not have been generated under `req`'s limits."""
+    if len(output_ids) >= req.params.max_tokens:
+        raise InvalidRequest("resume_output_ids leave no room for max_tokens")
+    for token_id in output_ids:
+        if token_id in req.stop_ids or (req.grammar is not None
+                                        and not req.grammar.accept_token(token_id)):
+            raise InvalidRequest(f"resume_output_ids: token {token_id} cannot continue")
+        req.output_ids.append(token_id)
+        req.stopper.feed(token_id)
+        if req.stopper.stopped:
+            raise InvalidRequest("resume_output_ids already end with a stop string")
+
+
+def finished_of(req: Request, now: float) -> Finished:
+    """The result of a request that ended at `now` (engine clock), with its timings."""
+    first = req.first_token_s if req.first_token_s is not None else now
+    scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else now
+    cached = req.first_cached_len or 0
+    return Finished(
+        request_id=req.request_id, finish_reason=req.finish_reason or "abort",
+        output_token_ids=list(req.output_ids), text=req.stopper.final_text,
+        prompt_len=len(req.prompt_ids), cached_len=cached,
+        computed_len=len(req.prompt_ids) - cached, output_len=len(req.output_ids),
+        timings=Timings(queue_s=scheduled - req.arrival_s, prefill_s=first - scheduled,
+                        decode_s=now - first, ttft_s=first - req.arrival_s),
+        stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
+        num_accepted=req.num_accepted)
