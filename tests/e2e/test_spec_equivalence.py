@@ -64,7 +64,7 @@ def test_agent_replay_identical(loaded_model: LoadedModel) -> None:
     tok = loaded_model.tokenizer
     context: list[int] = []
     num_accepted = 0
-    for turn in agent_trajectory(10):
+    for turn in agent_trajectory(7):
         context += tok.encode(turn.text)
         (want,) = generate_all(plain, [context], 32)
         (have,) = generate_all(spec, [context], 32, session="replay")

@@ -42,18 +42,23 @@ def test_extend_of_non_contiguous_gather() -> None:
                                atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
-def test_batched_decode_matches_per_sequence(num_heads: int, num_kv_heads: int) -> None:
-    from engine.attention.torch_paged import batched_decode_attention, decode_attention
+def test_gathered_decode_matches_per_sequence(num_heads: int, num_kv_heads: int,
+                                              dtype: torch.dtype) -> None:
+    from engine.attention.torch_paged import decode_attention, gathered_decode_attention
 
     gen = torch.Generator().manual_seed(num_heads)
     lens = [1, 17, 64, 5]
     max_len = max(lens)
-    q = torch.randn(len(lens), num_heads, 32, generator=gen)
-    k = torch.randn(len(lens), max_len, num_kv_heads, 32, generator=gen)
-    v = torch.randn(len(lens), max_len, num_kv_heads, 32, generator=gen)
+    flat_k = torch.randn(300, num_kv_heads, 32, generator=gen).to(dtype)
+    flat_v = torch.randn(300, num_kv_heads, 32, generator=gen).to(dtype)
+    q = torch.randn(len(lens), num_heads, 32, generator=gen).to(dtype)
+    slots = torch.randperm(300, generator=gen)[: len(lens) * max_len].view(len(lens), max_len)
     valid = torch.arange(max_len).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
-    got = batched_decode_attention(q, k, v, valid)
+    slots = slots.masked_fill(~valid, 0)  # padding may name any slot
+    got = gathered_decode_attention(q, flat_k, flat_v, slots, valid)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
     for b, n in enumerate(lens):
-        want = decode_attention(q[b : b + 1], k[b, :n], v[b, :n])
-        torch.testing.assert_close(got[b : b + 1], want, atol=2e-5, rtol=2e-5)
+        want = decode_attention(q[b : b + 1], flat_k[slots[b, :n]], flat_v[slots[b, :n]])
+        torch.testing.assert_close(got[b : b + 1], want, atol=tol, rtol=tol)
