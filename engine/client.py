@@ -24,6 +24,8 @@ from engine.protocol import (
     Finished,
     Message,
     Pin,
+    PrefixMatch,
+    PrefixProbe,
     Stats,
     StatsRequest,
     TokenChunk,
@@ -48,6 +50,7 @@ class EngineClient:
 
     def __init__(self) -> None:
         self._queues: dict[str, asyncio.Queue[Message]] = {}
+        self._streams: set[str] = set()  # requests started and not yet ended or closed
         self._transport: _Transport | None = None
         self._closed = False
 
@@ -79,12 +82,22 @@ class EngineClient:
         before the end aborts the request in the engine."""
         queue: asyncio.Queue[Message] = asyncio.Queue()
         self._queues[request.request_id] = queue
+        self._streams.add(request.request_id)
         try:
             await self._send(request)
         except BaseException:
-            self._queues.pop(request.request_id, None)
+            self._forget(request.request_id)
             raise
         return ReplyStream(self, request.request_id, queue)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests this client started that have not ended (its share of the engine's load)."""
+        return len(self._streams)
+
+    def _forget(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        self._streams.discard(request_id)
 
     async def pin(self, turn_id: str, ttl_s: float) -> None:
         await self._send(Pin(turn_id, ttl_s))
@@ -96,16 +109,33 @@ class EngineClient:
         await self._send(Abort(request_id))
 
     async def stats(self, timeout_s: float = 10.0) -> Stats:
+        """The engine's counters. Raises TimeoutError, EngineShutdown (client closed)."""
         request_id = f"stats-{uuid.uuid4().hex}"
+        message = await self._ask(StatsRequest(request_id), request_id, timeout_s)
+        assert isinstance(message, Stats), f"expected Stats, got {type(message).__name__}"
+        return message
+
+    async def probe(self, namespace: str, token_ids: list[int],
+                    timeout_s: float = 10.0) -> PrefixMatch:
+        """How much of `token_ids` the engine holds cached, and its load. Raises TimeoutError,
+        EngineShutdown."""
+        request_id = f"probe-{uuid.uuid4().hex}"
+        message = await self._ask(PrefixProbe(request_id, namespace, token_ids), request_id,
+                                  timeout_s)
+        assert isinstance(message, PrefixMatch), f"expected PrefixMatch, got {message!r}"
+        return message
+
+    async def _ask(self, message: Message, request_id: str, timeout_s: float) -> Message:
         queue: asyncio.Queue[Message] = asyncio.Queue()
         self._queues[request_id] = queue
         try:
-            await self._send(StatsRequest(request_id))
-            message = await asyncio.wait_for(queue.get(), timeout_s)
+            await self._send(message)
+            answer = await asyncio.wait_for(queue.get(), timeout_s)
         finally:
             self._queues.pop(request_id, None)
-        assert isinstance(message, Stats), f"expected Stats, got {type(message).__name__}"
-        return message
+        if isinstance(answer, Failed):  # the client closed while waiting
+            raise EngineShutdown(answer.message)
+        return answer
 
     async def close(self) -> None:
         self._closed = True
@@ -147,7 +177,7 @@ class ReplyStream:
             if isinstance(message, TokenChunk | Finished | Failed):
                 if isinstance(message, Finished | Failed):
                     self._done = True
-                    self._client._queues.pop(self._request_id, None)
+                    self._client._forget(self._request_id)
                 return message
 
     async def aclose(self) -> None:
@@ -155,7 +185,7 @@ class ReplyStream:
         if self._closed:
             return
         self._closed = True
-        self._client._queues.pop(self._request_id, None)
+        self._client._forget(self._request_id)
         if not self._done and not self._client._closed:
             await self._client._send(Abort(self._request_id))
 

@@ -7,6 +7,7 @@ produced. Threads, processes and sockets live elsewhere (`engine.worker`, `engin
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ class Engine:
         self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
             model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
         self.num_finished = 0
+        self.worker_id = uuid.uuid4().hex[:12]  # a restarted worker holds no KV: a new id
         self.speculator: Speculator | None = make_speculator(
             self.config.spec, self.config.max_draft_len, self.loaded)
         self._grammars: XGrammarBackend | None = None  # built by the first constrained request
@@ -170,7 +172,8 @@ class Engine:
                      num_drafted=self.speculator.num_drafted if self.speculator else 0,
                      num_accepted=self.speculator.num_accepted if self.speculator else 0,
                      vocab_hash=self.loaded.tokenizer.vocab_hash,
-                     num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins)
+                     num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins,
+                     worker_id=self.worker_id)
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
@@ -290,4 +293,4 @@ class Engine:
         self.num_finished += 1
         if self.speculator is not None:
             self.speculator.finish(req)
-        return finished_of(req, self.clock())
+        return finished_of(req, self.clock(), self.worker_id)

@@ -66,6 +66,7 @@ class Finished:
     stop_token_id: int | None = None  # the stop token that ended generation, if any
     num_drafted: int = 0
     num_accepted: int = 0
+    worker_id: str = ""  # the engine that produced it (Stats.worker_id): where its KV now is
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,25 @@ class Unpin:
 
 
 @dataclass(frozen=True)
+class PrefixProbe:
+    """How much of `token_ids` this engine holds cached (the gateway routes a turn whose
+    parent's worker is unknown to the one holding the longest prefix). Read-only."""
+
+    request_id: str
+    namespace: str
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    request_id: str
+    cached_len: int  # tokens of the probe's prefix whose KV is cached (whole pages)
+    num_running: int
+    num_waiting: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
 class StatsRequest:
     request_id: str
 
@@ -114,6 +134,7 @@ class Stats:
     vocab_hash: str = ""  # Tokenizer.vocab_hash of the served model (the gateway checks it)
     num_locked_pages: int = 0  # cached pages that running requests hold (not evictable)
     num_pins: int = 0  # branch heads pinned by the gateway
+    worker_id: str = ""  # random per engine instance: a restarted worker is a new one
 
     @property
     def num_held_pages(self) -> int:
@@ -128,10 +149,12 @@ class Stats:
         return self.prefix_hit_tokens / self.prefix_query_tokens
 
 
-Message = Extend | TokenChunk | Finished | Failed | Abort | Pin | Unpin | StatsRequest | Stats
+Message = (Extend | TokenChunk | Finished | Failed | Abort | Pin | Unpin | StatsRequest | Stats
+           | PrefixProbe | PrefixMatch)
 MESSAGE_TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (Extend, TokenChunk, Finished, Failed, Abort, Pin, Unpin, StatsRequest, Stats)
+    for cls in (Extend, TokenChunk, Finished, Failed, Abort, Pin, Unpin, StatsRequest, Stats,
+                PrefixProbe, PrefixMatch)
 }
 
 

@@ -43,7 +43,7 @@ def replay_output(req: Request, output_ids: list[int]) -> None:
             raise InvalidRequest("resume_output_ids already end with a stop string")
 
 
-def finished_of(req: Request, now: float) -> Finished:
+def finished_of(req: Request, now: float, worker_id: str = "") -> Finished:
     """The result of a request that ended at `now` (engine clock), with its timings."""
     first = req.first_token_s if req.first_token_s is not None else now
     scheduled = req.first_scheduled_s if req.first_scheduled_s is not None else now
@@ -56,4 +56,4 @@ def finished_of(req: Request, now: float) -> Finished:
         timings=Timings(queue_s=scheduled - req.arrival_s, prefill_s=first - scheduled,
                         decode_s=now - first, ttft_s=first - req.arrival_s),
         stop_token_id=req.stop_token_id, num_drafted=req.num_drafted,
-        num_accepted=req.num_accepted)
+        num_accepted=req.num_accepted, worker_id=worker_id)

@@ -12,7 +12,18 @@ import threading
 from collections.abc import Callable, Hashable
 
 from engine.engine import Engine
-from engine.protocol import Abort, Extend, Failed, Finished, Message, Pin, StatsRequest, Unpin
+from engine.protocol import (
+    Abort,
+    Extend,
+    Failed,
+    Finished,
+    Message,
+    Pin,
+    PrefixMatch,
+    PrefixProbe,
+    StatsRequest,
+    Unpin,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +76,11 @@ def _handle(engine: Engine, origins: dict[str, Origin], origin: Origin,
         engine.unpin(message.turn_id)
     elif isinstance(message, StatsRequest):
         return [(origin, engine.stats(message.request_id))]
+    elif isinstance(message, PrefixProbe):
+        cached_len = engine.cache.cached_prefix_len(message.namespace, message.token_ids)
+        s = engine.scheduler
+        return [(origin, PrefixMatch(message.request_id, cached_len, len(s.running),
+                                     len(s.waiting), engine.worker_id))]
     return []
 
 

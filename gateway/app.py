@@ -1,8 +1,8 @@
 """`create_app(settings)`: the gateway's FastAPI application.
 
-The lifespan opens the Redis pool and the session store, the engine client (given, or connected to
-`settings.engine_url`) and the tokenizer, and yields them as the typed `State`; handlers reach them
-through `gateway.deps`. Nothing is created at import time.
+The lifespan opens the Redis pool and the session store, the engine workers (given, or connected
+to the addresses of `settings.engine_url`) and the tokenizer, and yields them as the typed
+`State`; handlers reach them through `gateway.deps`. Nothing is created at import time.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gateway.auth import KeyStore
 from gateway.compat import anthropic_routes, models_route, openai_routes
 from gateway.deps import Services
 from gateway.engine_link import EngineLink
+from gateway.engine_pool import EnginePool
 from gateway.errors import ConfigError, install_error_handlers
 from gateway.idempotency import IdempotencyStore
 from gateway.limits import RequestLimits
@@ -42,7 +43,7 @@ class State(TypedDict):
     store: SessionStore
     keys: KeyStore
     idempotency: IdempotencyStore
-    engine: EngineLink
+    engine: EnginePool
     turns: TurnService
     model_name: str
     telemetry: Telemetry
@@ -52,16 +53,17 @@ class State(TypedDict):
 
 
 def create_app(settings: GatewaySettings | None = None, *,
-               engine_client: EngineClient | EngineLink | None = None,
+               engine_client: EngineClient | EngineLink | EnginePool | None = None,
                redis: Redis | None = None, tokenizer: Tokenizer | None = None,
                model_name: str | None = None,
                tracer_provider: TracerProvider | None = None,
                store_supervisor: StoreSupervisor | None = None) -> FastAPI:
     """Build the app. Without `engine_client`, the lifespan connects to `settings.engine_url`
-    (required then). Without `redis`, it opens `settings.redis_url` (required then). Without
-    `tokenizer`, it loads the one of `settings.model` (the embedded model by default). Without
-    `tracer_provider`, spans go where the `OTEL_*` variables say (`observability.tracing`) and
-    the lifespan shuts that provider down; a given provider stays the caller's."""
+    (required then; several workers: comma-separated addresses). Without `redis`, it opens
+    `settings.redis_url` (required then). Without `tokenizer`, it loads the one of
+    `settings.model` (the embedded model by default). Without `tracer_provider`, spans go
+    where the `OTEL_*` variables say (`observability.tracing`) and the lifespan shuts that
+    provider down; a given provider stays the caller's."""
     settings = settings or GatewaySettings()
     owned_provider = None
     if tracer_provider is None:
@@ -72,19 +74,20 @@ def create_app(settings: GatewaySettings | None = None, *,
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         owned_redis = redis is None
         client = redis if redis is not None else _open_redis(settings)
-        link = await _open_engine(settings, engine_client)
+        pool = await _open_engine(settings, engine_client)
         tok = tokenizer or _load_tokenizer(settings)
-        served = await _served_model(link, tok, settings)
+        served = await _served_model(pool, tok, settings)
         store = SessionStore(client, key_prefix=settings.key_prefix)
-        turns = TurnService(store, link, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
+        turns = TurnService(store, pool, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
                             max_tokens_limit=settings.max_tokens_limit, model_id=served)
         name = model_name or settings.model or "smollm2-135m"
         idempotency = IdempotencyStore(client, settings.key_prefix)
         telemetry = Telemetry.create(provider)
+        pool.on_route = telemetry.metrics.observe_route
         try:
             yield State(settings=settings, redis=client, store=store,
                         keys=KeyStore(client, settings.auth_key_prefix),
-                        idempotency=idempotency, engine=link, turns=turns, model_name=name,
+                        idempotency=idempotency, engine=pool, turns=turns, model_name=name,
                         telemetry=telemetry, store_supervisor=store_supervisor,
                         streams=SharedStreams(),
                         services=Services(settings, turns, idempotency, telemetry, name))
@@ -93,7 +96,7 @@ def create_app(settings: GatewaySettings | None = None, *,
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters
             if engine_client is None:
-                await link.close()
+                await pool.close()
             if owned_redis:
                 await client.aclose()
 
@@ -119,32 +122,43 @@ def _open_redis(settings: GatewaySettings) -> Redis:
 
 
 async def _open_engine(settings: GatewaySettings,
-                       given: EngineClient | EngineLink | None) -> EngineLink:
-    if isinstance(given, EngineLink):
+                       given: EngineClient | EngineLink | EnginePool | None) -> EnginePool:
+    if isinstance(given, EnginePool):
         return given
+    if isinstance(given, EngineLink):
+        return EnginePool([given])
     if given is not None:
-        return EngineLink(given, timeout_s=settings.engine_timeout_s)
+        return EnginePool([EngineLink(given, timeout_s=settings.engine_timeout_s)])
     if settings.engine_url is None:
         raise RuntimeError("RADIXGATE_ENGINE_URL is not set (`radixgate serve` spawns a worker)")
-    client = await EngineClient.connect(settings.engine_url)
-    return EngineLink(client, timeout_s=settings.engine_timeout_s)
+    links = []
+    for address in settings.engine_url.split(","):
+        client = await EngineClient.connect(address.strip())
+        links.append(EngineLink(client, timeout_s=settings.engine_timeout_s,
+                                name=address.strip()))
+    return EnginePool(links)
 
 
-async def _served_model(link: EngineLink, tokenizer: Tokenizer,
+async def _served_model(pool: EnginePool, tokenizer: Tokenizer,
                         settings: GatewaySettings) -> str:
-    """The engine's model id, once its vocabulary is known to be the gateway's: the gateway
-    renders token ids the engine must read the same way. Raises ConfigError."""
-    client = await link.live()
+    """The engines' model id, once every worker is known to serve one model whose vocabulary
+    is the gateway's: the gateway renders token ids the engine must read the same way. Learns
+    each worker's id. Raises ConfigError."""
+    await pool.primary.live()
     try:
-        stats = await client.stats(timeout_s=settings.engine_timeout_s)
+        stats = await pool.identify(timeout_s=settings.engine_timeout_s)
     except TimeoutError as exc:
-        raise ConfigError("the engine did not answer its first stats request") from exc
-    if stats.vocab_hash and stats.vocab_hash != tokenizer.vocab_hash:
-        raise ConfigError(
-            f"the engine serves {stats.model!r}, whose vocabulary differs from the gateway's "
-            f"tokenizer ({settings.model or 'the embedded model'}): start both with the same "
-            "--model (RADIXGATE_MODEL)")
-    return stats.model
+        raise ConfigError("an engine worker did not answer its first stats request") from exc
+    for s in stats:
+        if s.vocab_hash and s.vocab_hash != tokenizer.vocab_hash:
+            raise ConfigError(
+                f"the engine serves {s.model!r}, whose vocabulary differs from the gateway's "
+                f"tokenizer ({settings.model or 'the embedded model'}): start both with the "
+                "same --model (RADIXGATE_MODEL)")
+    if len({s.model for s in stats}) > 1:
+        raise ConfigError("the engine workers serve different models: "
+                          f"{sorted({s.model for s in stats})}; start them with one --model")
+    return stats[0].model
 
 
 def _load_tokenizer(settings: GatewaySettings) -> Tokenizer:

@@ -31,6 +31,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="enforce API keys; this one is the local tenant's (RADIXGATE_API_KEY)")
     s.add_argument("--redis-url", default=None,
                    help="use this Redis/Valkey instead of an embedded one (RADIXGATE_REDIS_URL)")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="engine worker processes to start (default 1); a turn goes to the "
+                   "worker holding its parent's KV")
+    s.add_argument("--engine", action="append", default=[], metavar="tcp://HOST:PORT",
+                   help="also route to this worker started with `radixgate engine` "
+                   "(repeatable; with --workers 0, only to these)")
     add_engine_args(s)
     s.set_defaults(func=serve_main)
 
@@ -73,7 +79,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    return serve(_settings(args), _engine_args(args))
+    return serve(_settings(args), _engine_args(args), num_workers=args.workers,
+                 remote=args.engine)
 
 
 def keys_create_main(args: argparse.Namespace) -> int:

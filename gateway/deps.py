@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from gateway.auth import KeyStore, parse_credentials
-from gateway.engine_link import EngineLink
+from gateway.engine_pool import EnginePool
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.idempotency import IdempotencyStore
 from gateway.settings import GatewaySettings
@@ -33,8 +33,8 @@ async def get_store(request: Request) -> SessionStore:
     return store
 
 
-async def get_engine(request: Request) -> EngineLink:
-    engine: EngineLink = request.state.engine
+async def get_engine(request: Request) -> EnginePool:
+    engine: EnginePool = request.state.engine
     return engine
 
 
@@ -102,7 +102,7 @@ async def get_expected_version(
 
 SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
 SessionStoreDep = Annotated[SessionStore, Depends(get_store)]
-EngineDep = Annotated[EngineLink, Depends(get_engine)]
+EngineDep = Annotated[EnginePool, Depends(get_engine)]
 TurnServiceDep = Annotated[TurnService, Depends(get_turns)]
 IdempotencyDep = Annotated[IdempotencyStore, Depends(get_idempotency)]
 TelemetryDep = Annotated[Telemetry, Depends(get_telemetry)]

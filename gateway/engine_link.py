@@ -25,9 +25,12 @@ class EngineLink:
     """Holds the live `EngineClient` (and the worker's pid when the gateway spawned it)."""
 
     def __init__(self, client: EngineClient, *, pid: int | None = None,
-                 timeout_s: float = 600.0, restart_timeout_s: float | None = None) -> None:
+                 timeout_s: float = 600.0, restart_timeout_s: float | None = None,
+                 worker_id: str = "", name: str = "") -> None:
         self.client = client
         self.pid = pid
+        self.worker_id = worker_id  # the engine's Stats.worker_id ('' until known)
+        self.name = name  # how the gateway names it (an address), for logs and /readyz
         self.timeout_s = timeout_s
         self.restart_timeout_s = restart_timeout_s
         self.restarts = 0
@@ -50,9 +53,10 @@ class EngineLink:
         self.pid = None
         await self.client.close()
 
-    async def replace(self, client: EngineClient, pid: int | None) -> None:
+    async def replace(self, client: EngineClient, pid: int | None, worker_id: str = "") -> None:
         """Point at a new worker; closing the old client fails its requests in flight."""
         old, self.client, self.pid = self.client, client, pid
+        self.worker_id = worker_id
         self.restarts += 1
         self._up.set()
         await old.close()

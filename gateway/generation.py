@@ -24,6 +24,7 @@ from engine.constrained.spec import ToolConstraint
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.sampling_params import SamplingParams
 from gateway.engine_link import EngineLink
+from gateway.engine_pool import EnginePool
 from gateway.errors import ApiError, EngineFailure
 from gateway.toolcall_parser import ParseEvent, ToolCallParser
 from gateway.toolcall_parser import TextDelta as TextDelta
@@ -111,16 +112,18 @@ def _extend(spec: GenerationSpec, ref: str | None, token_ids: list[int],
                   constraint=spec.constraint, resume_output_ids=list(progress.output_ids))
 
 
-async def generate(link: EngineLink, spec: GenerationSpec, parser: ToolCallParser | None, *,
-                   started: tuple[Extend, ReplyStream], progress: Progress = Progress(),
-                   interruptible: bool = False
+async def generate(pool: EnginePool, spec: GenerationSpec, parser: ToolCallParser | None, *,
+                   started: tuple[EngineLink, Extend, ReplyStream],
+                   progress: Progress = Progress(), interruptible: bool = False
                    ) -> AsyncGenerator[ParseEvent | Finished, None]:
     """Parse events of the output after `progress`, then the engine's Finished (whose output
-    and text include `progress`). `started` is the first attempt, already sent (`first_extend`
-    and `EngineLink.start`), so the engine works while the caller answers its client.
+    and text include `progress`). `started` is the first attempt, already sent on a worker of
+    `pool` (`first_extend` and `EngineLink.start`), so the engine works while the caller answers
+    its client. A lost worker's turn goes on on another worker that is up, else on the
+    restarted one.
     Raises EngineFailure, EngineUnavailable, TurnInterrupted. Closing the generator aborts the
     engine request."""
-    extend, replies = started
+    link, extend, replies = started
     num_losses = 0
     shown = False  # an event of this call reached the caller
     while True:
@@ -146,9 +149,10 @@ async def generate(link: EngineLink, spec: GenerationSpec, parser: ToolCallParse
         assert failure is not None
         if failure.error_type == "unknown_parent" and extend.parent_ref is not None:
             pass  # the worker no longer holds the parent: the full path
-        elif (failure.error_type == "engine_shutdown" and link.is_supervised
-              and num_losses < MAX_WORKER_LOSSES):
+        elif (failure.error_type == "engine_shutdown" and num_losses < MAX_WORKER_LOSSES
+              and ((other := pool.failover(link)) is not None or link.is_supervised)):
             num_losses += 1
+            link = other or link
             if interruptible and shown:
                 raise TurnInterrupted("the engine worker restarted during this turn; retry with "
                                       "the same Idempotency-Key to continue it", progress)
@@ -181,4 +185,4 @@ def reply_turn(done: Finished, parser: ToolCallParser | None) -> NewTurn:
     usage = {"input_tokens": done.prompt_len, "cached_tokens": done.cached_len,
              "computed_tokens": done.computed_len, "output_tokens": done.output_len}
     return NewTurn(role="assistant", token_ids=token_ids, usage=usage, messages=[message],
-                   tool_calls=calls, finish_reason=finish_reason)
+                   tool_calls=calls, finish_reason=finish_reason, worker=done.worker_id or None)

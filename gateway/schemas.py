@@ -171,6 +171,15 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class WorkerReadiness(BaseModel):
+    name: str  # the gateway's name for it (its address), '' for an in-process engine
+    worker_id: str
+    up: bool
+    pid: int | None = None
+    restarts: int = 0
+    num_running: int | None = None
+
+
 class Readiness(BaseModel):
     status: Literal["ok", "unavailable"]
     redis: bool
@@ -187,6 +196,7 @@ class Readiness(BaseModel):
     num_held_pages: int | None = None  # neither free nor evictable: held by requests in flight
     num_pins: int | None = None
     prefix_hit_rate: float | None = None
+    workers: list[WorkerReadiness] = []
 
 
 SessionView.model_rebuild()

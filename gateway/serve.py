@@ -1,7 +1,9 @@
-"""`radixgate serve`: embedded Valkey (when no Redis URL), one engine worker, and uvicorn.
+"""`radixgate serve`: embedded Valkey (when no Redis URL), engine workers, and uvicorn.
 
-Children: the Valkey server (AOF under `<state_dir>/valkey`) and the engine worker, each
-restarted when it dies and each dying with `serve` (a parent-death signal on Linux). Their pids
+Children: the Valkey server (AOF under `<state_dir>/valkey`) and `--workers` engine workers,
+each restarted when it dies and each dying with `serve` (a parent-death signal on Linux).
+Workers given with `--engine tcp://host:port` are someone else's: they are watched by a
+heartbeat (`gateway.remote_worker`) and routed around while they do not answer. Their pids
 and Valkey's URL go to `<state_dir>/serve.json`, which is how `radixgate keys` finds the store;
 a later `serve` on the same state dir stops leftovers of a killed one (SIGTERM: Valkey flushes
 its AOF) before starting its own.
@@ -9,6 +11,8 @@ its AOF) before starting its own.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import signal
@@ -24,6 +28,8 @@ from redis.exceptions import RedisError
 from gateway import event_loop
 from gateway.app import create_app
 from gateway.auth import KeyStore
+from gateway.engine_pool import EnginePool
+from gateway.remote_worker import RemoteWorker
 from gateway.settings import GatewaySettings
 from gateway.store_supervisor import StoreSupervisor
 from gateway.worker import EngineSupervisor
@@ -109,9 +115,10 @@ def _alive_and_ours(pid: object, names: tuple[str, ...]) -> bool:
 def stop_leftovers(settings: GatewaySettings) -> None:
     """Stop the children of an earlier `serve` on this state dir that outlived it."""
     pids = read_pids(settings)
-    for key, names in (("engine_pid", ("gateway.cli", "radixgate")),
-                       ("valkey_pid", ("valkey", "redis"))):
-        pid = pids.get(key)
+    engine_pids = pids.get("engine_pids")
+    leftovers = [(pid, ("gateway.cli", "radixgate")) for pid in
+                 (engine_pids if isinstance(engine_pids, list) else [pids.get("engine_pid")])]
+    for pid, names in [*leftovers, (pids.get("valkey_pid"), ("valkey", "redis"))]:
         if not _alive_and_ours(pid, names):
             continue
         assert isinstance(pid, int)
@@ -148,7 +155,8 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise _Stop(signum)
 
 
-async def _serve(settings: GatewaySettings, engine_args: list[str]) -> None:
+async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers: int,
+                 remote: list[str]) -> None:
     store: StoreSupervisor | None = None
     if settings.redis_url is None:
         valkey = EmbeddedValkey(embedded_data_dir(settings), appendfsync="always",
@@ -161,14 +169,24 @@ async def _serve(settings: GatewaySettings, engine_args: list[str]) -> None:
         settings = settings.model_copy(update={"redis_url": valkey.url})
     assert settings.redis_url is not None
     redis = Redis.from_url(settings.redis_url)
-    supervisor = EngineSupervisor(engine_args, timeout_s=settings.engine_timeout_s,
-                                  restart_timeout_s=settings.engine_restart_timeout_s,
-                                  on_spawn=lambda pid: _write_pids(settings, engine_pid=pid))
+    engine_pids: list[int | None] = [None] * num_workers
+
+    def on_spawn(index: int, pid: int) -> None:
+        engine_pids[index] = pid
+        _write_pids(settings, engine_pids=engine_pids, engine_pid=engine_pids[0])
+
+    supervisors = [EngineSupervisor(engine_args, timeout_s=settings.engine_timeout_s,
+                                    restart_timeout_s=settings.engine_restart_timeout_s,
+                                    on_spawn=functools.partial(on_spawn, i))
+                   for i in range(num_workers)]
+    remotes = [RemoteWorker(address, timeout_s=settings.engine_timeout_s) for address in remote]
     try:
         banner = await _access_banner(settings, redis)
         print(f"radixgate serve: {banner}", file=sys.stderr, flush=True)
-        link = await supervisor.start()
-        app = create_app(settings, engine_client=link, redis=redis, store_supervisor=store)
+        links = await asyncio.gather(*(s.start() for s in supervisors),
+                                     *(r.start() for r in remotes))
+        app = create_app(settings, engine_client=EnginePool(links), redis=redis,
+                         store_supervisor=store)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                                 lifespan="on")
         server = uvicorn.Server(config)
@@ -176,22 +194,31 @@ async def _serve(settings: GatewaySettings, engine_args: list[str]) -> None:
         if not server.started:  # the lifespan failed (uvicorn logged why, e.g. a ConfigError)
             raise ServeError("the gateway did not start; see the error above")
     finally:
-        await supervisor.stop()
+        for supervisor in supervisors:
+            await supervisor.stop()
+        for remote_worker in remotes:
+            await remote_worker.stop()
         await redis.aclose()
         if store is not None:
             await store.stop()
 
 
-def serve(settings: GatewaySettings, engine_args: list[str]) -> int:
-    """Run until SIGINT/SIGTERM. Returns the exit code. Every child (engine worker, embedded
-    Valkey) is stopped on the way out, and dies with this process even if it is SIGKILLed."""
+def serve(settings: GatewaySettings, engine_args: list[str], *, num_workers: int = 1,
+          remote: list[str] | None = None) -> int:
+    """Run until SIGINT/SIGTERM with `num_workers` spawned engine workers plus the `remote`
+    ones (addresses). Returns the exit code. Every child (engine workers, embedded Valkey) is
+    stopped on the way out, and dies with this process even if it is SIGKILLed."""
+    if num_workers + len(remote or []) < 1:
+        print("radixgate serve: error: no engine worker: pass --workers N (N >= 1) or "
+              "--engine tcp://host:port", file=sys.stderr)
+        return 2
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop_leftovers(settings)
     if settings.model and "--model" not in engine_args:  # RADIXGATE_MODEL: one model for both
         engine_args = [*engine_args, "--model", settings.model]
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        event_loop.run(_serve(settings, engine_args))
+        event_loop.run(_serve(settings, engine_args, num_workers, list(remote or [])))
     except ServeError as exc:
         print(f"radixgate serve: error: {exc}", file=sys.stderr)
         return 2
@@ -203,5 +230,5 @@ def serve(settings: GatewaySettings, engine_args: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _write_pids(settings, engine_pid=None, valkey_pid=None)
+        _write_pids(settings, engine_pids=[], engine_pid=None, valkey_pid=None)
     return 0

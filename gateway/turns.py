@@ -3,6 +3,8 @@
     begin       one store script: the parent (default: the branch head), If-Match, the head
                 check and a lease on the branch (409 before anything runs); ids for the input
                 and the reply turn are chosen here
+    route       the worker that generated the parent, else the one caching the longest prefix
+                of the path, else the least loaded (`gateway.engine_pool`)
     Extend      parent_ref = the parent assistant turn's id (the engine binds each reply under
                 its own turn id), token_ids = the rendered delta; the full path when the engine
                 lacks the parent (the root's tokens are at hand, deeper paths are read)
@@ -17,19 +19,16 @@ Branch heads are pinned in the engine.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from engine.constrained.spec import ToolConstraint
 from engine.protocol import Finished, Timings
 from engine.sampling_params import SamplingParams
-from gateway.engine_link import EngineLink
+from gateway.engine_pool import EnginePool
 from gateway.errors import InvalidRequest
 from gateway.generation import (
     GenerationSpec,
@@ -42,17 +41,16 @@ from gateway.generation import (
 )
 from gateway.leases import LeaseKeeper
 from gateway.rendering import TurnRenderer
-from gateway.schemas import AppendTurnRequest, GenerateOptions, NamedToolChoice
+from gateway.schemas import AppendTurnRequest, GenerateOptions
 from gateway.store_retry import through_store_outage
-from gateway.tool_prompt import ToolDef, normalize_tools, tool_constraint
+from gateway.tool_prompt import ToolDef
 from gateway.toolcall_parser import TextDelta as TextDelta
 from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallParser
 from gateway.toolcall_parser import ToolCallStart as ToolCallStart
+from gateway.toolsets import Toolsets
 from sessions import NewTurn, Session, SessionStore, Turn
 from sessions.keys import new_id
 from sessions.turn_commit import TurnStart
-
-MAX_CACHED_TOOLSETS = 64
 
 
 def ref_of(turn: Turn) -> str | None:
@@ -84,7 +82,7 @@ TurnEvent = TurnStarted | TextDelta | ToolCallStart | ToolCallDelta | ToolCallEn
 class TurnService:
     """Stateless beyond its collaborators; one per app."""
 
-    def __init__(self, store: SessionStore, engine: EngineLink, renderer: TurnRenderer, *,
+    def __init__(self, store: SessionStore, engine: EnginePool, renderer: TurnRenderer, *,
                  pin_ttl_s: float, max_tokens_limit: int, model_id: str) -> None:
         self.store = store
         self.engine = engine
@@ -92,7 +90,7 @@ class TurnService:
         self.pin_ttl_s = pin_ttl_s
         self.max_tokens_limit = max_tokens_limit
         self.model_id = model_id  # the served model: the engine cache's namespace
-        self._toolsets: OrderedDict[str, list[ToolDef]] = OrderedDict()
+        self.toolsets = Toolsets()
         self.leases = LeaseKeeper(store)
 
     async def run_turn(self, tenant: str, session_id: str, request: AppendTurnRequest, *,
@@ -123,7 +121,7 @@ class TurnService:
                 fork_branch=_fork_name() if fork_on_conflict or resume else None)
         session, parent = start.session, start.parent
         try:
-            tools, constraint = self._tooling(session, request.generate)
+            tools, constraint = self.toolsets.for_turn(session.tools, request.generate)
             messages = [m.model_dump(exclude_none=True) for m in request.messages]
             if resume is None:
                 input_id, reply_id = new_id(), new_id()
@@ -137,12 +135,16 @@ class TurnService:
         parser = ToolCallParser() if constraint and constraint.mode != "none" else None
         if parser is not None and progress.text:
             parser.feed(progress.text)  # its events were shown by the interrupted run
-        spec = GenerationSpec(f"{tenant}:{self.model_id}", ref_of(parent), delta, params,
-                              reply_id, session.id, constraint,
-                              lambda: self._full_path(session.id, tenant, parent, delta))
+        namespace = f"{tenant}:{self.model_id}"
+        full_path = _once(lambda: self._full_path(session.id, tenant, parent, delta))
         try:  # sent before the client hears of the turn: the engine starts at once
+            route = await self.engine.route(parent.worker, lambda: _with(namespace, full_path()))
+            # the parent's KV is where it was generated (or, unrecorded, maybe anywhere)
+            ref = ref_of(parent) if parent.worker in (None, route.link.worker_id) else None
+            spec = GenerationSpec(namespace, ref, delta, params, reply_id, session.id,
+                                  constraint, full_path)
             extend = await first_extend(spec, progress)
-            replies = await self.engine.start(extend)
+            replies = await route.link.start(extend)
         except BaseException:
             await self._release(start)
             raise
@@ -158,8 +160,9 @@ class TurnService:
         committed = False  # the commit released the lease
         try:
             with self.leases.renewing(start):
-                stream = generate(self.engine, spec, parser, started=(extend, replies),
-                                  progress=progress, interruptible=interruptible)
+                stream = generate(self.engine, spec, parser,
+                                  started=(route.link, extend, replies), progress=progress,
+                                  interruptible=interruptible)
                 async with aclosing(stream):  # closing must reach the engine (Abort)
                     async for event in stream:
                         if isinstance(event, Finished):
@@ -181,7 +184,7 @@ class TurnService:
         finally:
             if not committed and not kept:
                 await self._release(start)
-        await self._move_pins(start, branch, parent, reply_id)
+        await self._move_pins(start, branch, parent, turn)
         yield TurnEnded(turn, branch, finished.timings, finished, finished_ns)
 
     async def rewind(self, tenant: str, session_id: str, branch: str, to_turn_id: str, *,
@@ -192,15 +195,15 @@ class TurnService:
                                         expected_version=expected_version)
         old = before.branches.get(branch)
         if old and old != to_turn_id:
-            await self.engine.unpin(old)
-            await self.engine.pin(to_turn_id, self.pin_ttl_s)  # a no-op unless it is bound
+            await self.engine.unpin(None, old)
+            await self.engine.pin(None, to_turn_id, self.pin_ttl_s)  # a no-op where unbound
         return after
 
     async def delete(self, tenant: str, session_id: str) -> None:
         """Delete the session and drop the engine pins of its branch heads."""
         session = await self.store.get_session(session_id, tenant=tenant)
         for head in set(session.branches.values()):
-            await self.engine.unpin(head)
+            await self.engine.unpin(None, head)
         await self.store.delete_session(session_id, tenant=tenant)
 
     # ---- internals ------------------------------------------------------------------------
@@ -211,30 +214,6 @@ class TurnService:
         return SamplingParams(max_tokens=options.max_tokens, temperature=options.temperature,
                               top_p=options.top_p, top_k=options.top_k, seed=options.seed,
                               stop=tuple(options.stop))
-
-    def tools_of(self, tools: Sequence[Mapping[str, Any]]) -> list[ToolDef]:
-        """`normalize_tools`, remembered per tool set (a session's tools are checked once, not
-        on every turn). Raises InvalidToolSchema."""
-        key = json.dumps(tools, sort_keys=True, default=str)
-        cached = self._toolsets.get(key)
-        if cached is None:
-            cached = self._toolsets[key] = normalize_tools(tools)
-            if len(self._toolsets) > MAX_CACHED_TOOLSETS:
-                self._toolsets.popitem(last=False)
-        else:
-            self._toolsets.move_to_end(key)
-        return cached
-
-    def _tooling(self, session: Session, options: GenerateOptions
-                 ) -> tuple[list[ToolDef], ToolConstraint | None]:
-        """The session's tools and the grammar of `options.tool_choice`. Raises
-        InvalidToolSchema and InvalidRequest (a choice the tools cannot satisfy)."""
-        tools = self.tools_of(session.tools)
-        choice = options.tool_choice
-        if isinstance(choice, NamedToolChoice):
-            return tools, tool_constraint(tools, {"name": choice.name})
-        return tools, tool_constraint(tools, choice,
-                                      enable_parallel_calls=options.parallel_tool_calls)
 
     def _delta(self, session: Session, parent: Turn, messages: list[dict[str, Any]],
                tools: Sequence[ToolDef]) -> list[int]:
@@ -272,15 +251,30 @@ class TurnService:
         return turns[-1], branch
 
     async def _move_pins(self, start: TurnStart, branch: str | None, parent: Turn,
-                         reply_id: str) -> None:
+                         reply: Turn) -> None:
         if branch is None:
             return
-        await self.engine.pin(reply_id, self.pin_ttl_s)
+        await self.engine.pin(reply.worker, reply.id, self.pin_ttl_s)
         if branch == start.branch and not start.forked and ref_of(parent) is not None:
-            await self.engine.unpin(parent.id)  # the head it was is no branch's head now
+            await self.engine.unpin(parent.worker, parent.id)  # no branch's head now
 
     async def _release(self, start: TurnStart) -> None:
         await self.leases.release(start)  # never raises; retried when the store is down
+
+
+def _once(read: Callable[[], Awaitable[list[int]]]) -> Callable[[], Awaitable[list[int]]]:
+    """`read`, called at most once (the ledger's path does not change under a turn)."""
+    memo: list[list[int]] = []
+
+    async def once() -> list[int]:
+        if not memo:
+            memo.append(await read())
+        return memo[0]
+    return once
+
+
+async def _with(namespace: str, path: Awaitable[list[int]]) -> tuple[str, list[int]]:
+    return namespace, await path
 
 
 def _fork_name(base: str | None = None) -> str:

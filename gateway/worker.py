@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from engine.client import EngineClient
+from engine.protocol import Stats
 from gateway.engine_link import EngineLink
 
 _PR_SET_PDEATHSIG = 1
@@ -48,6 +49,7 @@ class EngineSupervisor:
         self.ready_timeout_s = ready_timeout_s
         self.on_spawn = on_spawn
         self.link: EngineLink | None = None
+        self.name = ""  # the current worker's address
         self._process: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
@@ -55,9 +57,10 @@ class EngineSupervisor:
     async def start(self) -> EngineLink:
         """Spawn the worker and return once it answers a stats request.
         Raises RuntimeError if it exits or does not answer within `ready_timeout_s`."""
-        self._process, client = await self._spawn()
+        self._process, client, stats = await self._spawn()
         self.link = EngineLink(client, pid=self._process.pid, timeout_s=self.timeout_s,
-                               restart_timeout_s=self.restart_timeout_s)
+                               restart_timeout_s=self.restart_timeout_s,
+                               worker_id=stats.worker_id, name=self.name)
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
         return self.link
 
@@ -88,7 +91,7 @@ class EngineSupervisor:
             backoff = 1.0
             while not self._stopping:
                 try:
-                    process, client = await self._spawn()
+                    process, client, stats = await self._spawn()
                 except RuntimeError as exc:
                     print(f"radixgate serve: the engine worker did not start ({exc}); "
                           f"retrying in {backoff:.0f} s", file=sys.stderr, flush=True)
@@ -96,10 +99,11 @@ class EngineSupervisor:
                     backoff = min(backoff * 2, 30.0)
                     continue
                 self._process = process
-                await self.link.replace(client, process.pid)
+                await self.link.replace(client, process.pid, stats.worker_id)
+                self.link.name = self.name
                 break
 
-    async def _spawn(self) -> tuple[asyncio.subprocess.Process, EngineClient]:
+    async def _spawn(self) -> tuple[asyncio.subprocess.Process, EngineClient, Stats]:
         port = free_port()
         argv = [sys.executable, "-m", "gateway.cli", "engine", "--port", str(port),
                 *self.engine_args]
@@ -108,16 +112,17 @@ class EngineSupervisor:
             self.on_spawn(process.pid)
         client = await EngineClient.connect(f"tcp://127.0.0.1:{port}")
         try:
-            await self._wait_ready(process, client)
+            stats = await self._wait_ready(process, client)
         except BaseException:
             await client.close()
             if process.returncode is None:
                 process.kill()
             raise
-        return process, client
+        self.name = f"tcp://127.0.0.1:{port}"
+        return process, client, stats
 
     async def _wait_ready(self, process: asyncio.subprocess.Process,
-                          client: EngineClient) -> None:
+                          client: EngineClient) -> Stats:
         started = time.monotonic()
         while time.monotonic() - started < self.ready_timeout_s:
             if process.returncode is not None:
@@ -130,5 +135,5 @@ class EngineSupervisor:
                 continue
             print(f"radixgate serve: engine worker {process.pid} ready ({stats.model}, "
                   f"{stats.num_pages} KV pages)", file=sys.stderr, flush=True)
-            return
+            return stats
         raise RuntimeError(f"the engine worker did not answer in {self.ready_timeout_s:.0f} s")

@@ -31,6 +31,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                    40.96, 81.92)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+ROUTE_REASONS = ("only", "bound", "prefix", "least_loaded")  # gateway.engine_pool
 
 
 class EngineStats(Protocol):
@@ -135,6 +136,12 @@ class GatewayMetrics:
                                        registry=r)
         self.generation_tokens = Counter("radixgate_generation_tokens",
                                          "Output tokens of finished requests", registry=r)
+        self.routes = Counter("radixgate_worker_routes",
+                              "Turns sent to an engine worker, by why that one: the only worker, "
+                              "bound (it generated the parent), prefix (longest cached prefix), "
+                              "least_loaded", ["reason"], registry=r)
+        for reason in ROUTE_REASONS:
+            self.routes.labels(reason)
         self.engine = EngineStatsCollector()
         r.register(self.engine)
 
@@ -154,6 +161,9 @@ class GatewayMetrics:
         itl = outcome.inter_token_s
         if itl is not None:
             self.itl.observe(itl)
+
+    def observe_route(self, reason: str) -> None:
+        self.routes.labels(reason).inc()
 
     def observe_unfinished(self, reason: str) -> None:
         """A turn whose engine request never reported a result: "abort" (client went away)

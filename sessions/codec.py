@@ -72,6 +72,7 @@ class EncodedTurn:
     token_ids: bytes
     usage: str
     finish_reason: str
+    worker: str = ""
 
     @classmethod
     def of(cls, turn_id: str, turn: NewTurn) -> EncodedTurn:
@@ -84,10 +85,11 @@ class EncodedTurn:
             token_ids=pack_token_ids(turn.token_ids),
             usage=dumps(None if turn.usage is None else dict(turn.usage)),
             finish_reason=turn.finish_reason or "",
+            worker=turn.worker or "",
         )
 
     def args(self) -> list[str | bytes]:
-        """The 7 ARGV values of this turn for the append script, in the script's order."""
+        """The 8 ARGV values of this turn for the append script, in the script's order."""
         return [
             self.id,
             self.role,
@@ -96,10 +98,12 @@ class EncodedTurn:
             self.token_ids,
             self.usage,
             self.finish_reason,
+            self.worker,
         ]
 
     def fingerprint(self) -> list[str]:
-        """What of the turn enters the request hash: everything but the generated id."""
+        """What of the turn enters the request hash: everything but the generated id and the
+        worker (a retry may run on another one)."""
         tokens = hashlib.sha256(self.token_ids).hexdigest()
         return [self.role, self.messages, self.tool_calls, tokens, self.usage, self.finish_reason]
 
@@ -128,6 +132,7 @@ class EncodedTurn:
             tool_calls=tuple(json.loads(self.tool_calls)),
             usage=json.loads(self.usage),
             finish_reason=self.finish_reason or None,
+            worker=self.worker or None,
         )
 
 
@@ -167,6 +172,7 @@ def decode_turn(session_id: str, turn_id: str, raw: RawHash) -> Turn:
             tool_calls=tuple(json.loads(raw[b"tool_calls"])),
             usage=json.loads(raw[b"usage"]),
             finish_reason=finish_reason or None,
+            worker=text(raw.get(b"worker")) or None,
         )
     except (KeyError, ValueError) as exc:
         raise StoreCorruption(f"turn {turn_id} of session {session_id}: {exc!r}") from exc

@@ -9,7 +9,8 @@ slot and one Lua script can touch all of it. With the default prefix `rg:`:
     rg:{sid}:turns         ZSET    turn id scored by seq (creation order); the session's turn index
     rg:{sid}:t:<tid>       HASH    immutable turn: parent ('' for the root), depth, seq, version,
                                    role, messages, tool_calls, usage (JSON), finish_reason,
-                                   token_ids (packed <u4), num_tokens, created_ms
+                                   token_ids (packed <u4), num_tokens, created_ms, worker (the
+                                   engine worker that generated it and holds its KV; '' none)
     rg:{sid}:ch:<tid>      ZSET    children of <tid> scored by seq
     rg:{sid}:idem:<h>      STRING  "<request sha256>\\n<result JSON>", EX = idempotency TTL;
                                    <h> = sha256(idempotency key)

@@ -73,7 +73,8 @@ end
 # ARGV[7] branch, ARGV[8] parent ('' = branch head), ARGV[9] expected head (''),
 # ARGV[10] move branch ('1'/'0'), ARGV[11] n, ARGV[12] lease id to release ('' = none),
 # ARGV[13] branch to fork at the parent when the head moved ('' = fail with HEAD_MOVED), then
-# 7 values per turn: id, role, messages, tool_calls, packed token ids, usage, finish_reason.
+# 8 values per turn: id, role, messages, tool_calls, packed token ids, usage, finish_reason,
+# worker (the engine worker holding its KV, '' = none).
 # KEYS[6+i]: turn i. The fork, when taken, is a mutation of its own (version and event).
 APPEND: Final = (
     "local WANT_META = false\n"
@@ -100,7 +101,7 @@ if moved and fork == '' then return {'HEAD_MOVED', head, tostring(version), move
 if moved and redis.call('HEXISTS', KEYS[2], fork) == 1 then return {'BRANCH_EXISTS'} end
 local n = tonumber(ARGV[11])
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[6 + i]) == 1 then return {'ID_EXISTS', ARGV[14 + (i - 1) * 7]} end
+  if redis.call('EXISTS', KEYS[6 + i]) == 1 then return {'ID_EXISTS', ARGV[14 + (i - 1) * 8]} end
 end
 if ARGV[12] ~= '' then
   local held = redis.call('HGET', base .. 'leases', branch)
@@ -122,14 +123,14 @@ local prev = parent
 local depth = pdepth
 local ids = {}
 for i = 1, n do
-  local o = 13 + (i - 1) * 7
+  local o = 13 + (i - 1) * 8
   local id = ARGV[o + 1]
   depth = depth + 1
   redis.call('HSET', KEYS[6 + i], 'parent', prev, 'depth', tostring(depth), 'seq', tostring(seq),
              'version', tostring(version), 'role', ARGV[o + 2], 'messages', ARGV[o + 3],
              'tool_calls', ARGV[o + 4], 'token_ids', ARGV[o + 5],
              'num_tokens', tostring(#ARGV[o + 5] / 4), 'usage', ARGV[o + 6],
-             'finish_reason', ARGV[o + 7], 'created_ms', now_str)
+             'finish_reason', ARGV[o + 7], 'worker', ARGV[o + 8], 'created_ms', now_str)
   redis.call('ZADD', base .. 'ch:' .. prev, seq, id)
   redis.call('ZADD', KEYS[3], seq, id)
   ids[i] = id

@@ -65,6 +65,7 @@ class NewTurn:
     tool_calls: Sequence[Mapping[str, Any]] = ()
     usage: Mapping[str, Any] | None = None
     finish_reason: str | None = None
+    worker: str | None = None  # the engine worker whose cache holds its KV (routing)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES or self.role == "root":
@@ -94,6 +95,7 @@ class Turn:
     tool_calls: tuple[dict[str, Any], ...] = ()
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
+    worker: str | None = None  # the engine worker that generated it (None: unknown)
 
     @property
     def num_tokens(self) -> int:

@@ -86,6 +86,11 @@ class PrefixCache(Protocol):
         """
         ...
 
+    def cached_prefix_len(self, namespace: str, token_ids: Sequence[int]) -> int:
+        """Tokens of `token_ids`' longest cached whole-page prefix. Changes nothing (a probe,
+        not a use: no split, no recency)."""
+        ...
+
     def insert(
         self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int]
     ) -> InsertResult:

@@ -58,6 +58,9 @@ class NoPrefixCache:
     def match_prefix(self, namespace: str, token_ids: Sequence[int]) -> MatchResult:
         return MatchResult(self._root(namespace), [], 0)
 
+    def cached_prefix_len(self, namespace: str, token_ids: Sequence[int]) -> int:
+        return 0
+
     def insert(
         self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int]
     ) -> InsertResult:

@@ -11,33 +11,13 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
 from engine.cache.base import CacheNode, InsertResult, MatchResult, TurnRef
 from engine.cache.page_pool import PagePool
+from engine.cache.radix_node import RadixNode
 
-
-@dataclass(eq=False, slots=True)
-class RadixNode:
-    """One run of whole pages on a namespace's path. A root has no parent and no tokens.
-
-    The object is the handle: a split keeps the deeper part's object, so a held node keeps
-    meaning "the path ending here" (its depth_len, locks and turns stay valid).
-    """
-
-    node_id: int
-    namespace: str
-    parent: RadixNode | None = field(repr=False)
-    token_ids: tuple[int, ...]  # a multiple of page_size tokens
-    page_ids: list[int]  # one per page of token_ids
-    depth_len: int  # tokens on the path root..self
-    last_access: float
-    children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict, repr=False)
-    lock_ref: int = 0  # locks on this node or any descendant; > 0 protects root..self
-    num_direct_locks: int = 0
-    turn_ids: set[str] = field(default_factory=set)  # turns bound to this node
-    is_removed: bool = False  # evicted: a stale handle must not be locked or bound
+__all__ = ["RadixCache", "RadixNode"]
 
 
 class RadixCache:
@@ -78,6 +58,22 @@ class RadixCache:
     def match_prefix(self, namespace: str, token_ids: Sequence[int]) -> MatchResult:
         node, page_ids = self._walk(namespace, token_ids)
         return MatchResult(node, page_ids, len(page_ids) * self.page_size)
+
+    def cached_prefix_len(self, namespace: str, token_ids: Sequence[int]) -> int:
+        ps = self.page_size
+        node, pos = self._roots.get(namespace), 0
+        end = len(token_ids) // ps * ps
+        while node is not None and pos < end:
+            child = node.children.get(tuple(token_ids[pos : pos + ps]))
+            if child is None:
+                break
+            limit = min(len(child.token_ids), end - pos)
+            num_common = ps  # the key matched the first page
+            while num_common < limit and child.token_ids[num_common] == token_ids[pos + num_common]:
+                num_common += 1
+            pos += num_common // ps * ps
+            node = child if num_common == len(child.token_ids) else None
+        return pos
 
     def insert(
         self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int]

@@ -68,7 +68,7 @@ class CompatService:
     def count_tokens(self, conversation: Conversation) -> int:
         """Prompt tokens of the conversation as a new session would hold them (no I/O)."""
         renderer = self.turns.renderer
-        tools = self.turns.tools_of(conversation.tools)
+        tools = self.turns.toolsets.of(conversation.tools)
         system_ids = renderer.system_token_ids(conversation.system, tools)
         delta = renderer.input_token_ids(conversation.messages, system=conversation.system,
                                          after_root=True, tools=tools)
@@ -80,7 +80,7 @@ class CompatService:
         key check: the index, then the turn's start or the new session). Raises UnknownModel,
         InvalidRequest and session / engine errors before anything streams."""
         self.check_model(conversation.model)
-        tools = self.turns.tools_of(conversation.tools)  # InvalidToolSchema before any I/O
+        tools = self.turns.toolsets.of(conversation.tools)  # InvalidToolSchema before any I/O
         request = self._append_request(conversation)  # every message validated, once
         for placement in await self.mapper.candidates(tenant, conversation,
                                                       session_hint=session_hint):

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from engine.errors import EngineError
 from gateway.deps import EngineDep, SessionStoreDep
-from gateway.schemas import Health, Readiness
+from gateway.engine_pool import combine_stats
+from gateway.schemas import Health, Readiness, WorkerReadiness
 from gateway.store_supervisor import StoreSupervisor
 
 router = APIRouter(tags=["health"])
@@ -21,21 +21,28 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request, store: SessionStoreDep, engine: EngineDep) -> JSONResponse:
-    """200 when Redis answers PING and the engine answers a stats request; else 503."""
+    """200 when Redis answers PING and an engine worker answers a stats request; else 503.
+    Engine figures are summed over the workers that answer; `engine_pid`/`engine_restarts` are
+    the first worker's, `workers` lists each."""
     try:
         redis_ok = bool(await store.redis.ping())
     except RedisError:
         redis_ok = False
     supervisor: StoreSupervisor | None = request.state.store_supervisor
+    first = engine.primary
     ready = Readiness(status="unavailable", redis=redis_ok, engine=False,
-                      engine_pid=engine.pid, engine_restarts=engine.restarts,
+                      engine_pid=first.pid, engine_restarts=first.restarts,
                       store_pid=supervisor.pid if supervisor else None,
                       store_restarts=supervisor.num_restarts if supervisor else 0)
-    try:
-        stats = await engine.client.stats(timeout_s=5.0)
-    except (EngineError, TimeoutError):
-        pass
-    else:
+    each = await engine.stats(5.0)
+    ready = ready.model_copy(update={"workers": [
+        WorkerReadiness(name=link.name, worker_id=link.worker_id, up=s is not None,
+                        pid=link.pid, restarts=link.restarts,
+                        num_running=s.num_running if s else None)
+        for link, s in zip(engine.links, each, strict=True)]})
+    answered = [s for s in each if s is not None]
+    if answered:
+        stats = combine_stats(answered)
         ready = ready.model_copy(update={
             "engine": True, "model": stats.model, "num_running": stats.num_running,
             "num_free_pages": stats.num_free_pages, "num_pages": stats.num_pages,

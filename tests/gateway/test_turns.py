@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 from gateway.engine_link import EngineLink
+from gateway.engine_pool import EnginePool
 from gateway.rendering import TurnRenderer
 from gateway.schemas import AppendTurnRequest
 from gateway.turns import TurnService, TurnStarted
@@ -100,8 +101,9 @@ def test_closing_the_sse_stream_aborts_the_engine_request(
     async def body(h: Harness) -> None:
         sid = (await h.client.post("/v1/sessions", json={})).json()["id"]
         store = SessionStore(h.redis, key_prefix=h.settings.key_prefix)
-        service = TurnService(store, EngineLink(h.engine_client), TurnRenderer(h.tokenizer),
-                              pin_ttl_s=60, max_tokens_limit=4096, model_id="tiny")
+        service = TurnService(store, EnginePool([EngineLink(h.engine_client)]),
+                              TurnRenderer(h.tokenizer), pin_ttl_s=60, max_tokens_limit=4096,
+                              model_id="tiny")
         request = AppendTurnRequest.model_validate({
             "messages": [{"role": "user", "content": "long"}],
             "generate": {"max_tokens": 3000, "stream": True}})

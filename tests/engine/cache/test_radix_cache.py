@@ -160,7 +160,10 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @rule(namespace=namespaces, data=st.data())
     def match(self, namespace: str, data: st.DataObject) -> None:
         tokens = self.draw_tokens(data, namespace)
-        self.check_match(namespace, tokens, self.cache.match_prefix(namespace, tokens))
+        probed = self.cache.cached_prefix_len(namespace, tokens)  # read-only: same answer
+        match = self.cache.match_prefix(namespace, tokens)
+        assert probed == match.cached_len
+        self.check_match(namespace, tokens, match)
 
     @rule(namespace=namespaces, data=st.data())
     def lock(self, namespace: str, data: st.DataObject) -> None:
