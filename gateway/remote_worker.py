@@ -5,6 +5,8 @@ watched by a heartbeat: a stats request every `interval_s`.
                                     engine_shutdown; the pool routes around it)
     down ──a fresh connection answers──▶ up (with the worker's id: a restarted worker is a
                                          new one and holds no KV)
+    up ──answers with a new worker id──▶ reconnected (restarted at the same address: the old
+                                         connection's requests fail, their turns go on)
 
 Whoever runs that worker (systemd, Kubernetes, another `radixgate engine`) restarts it; the
 gateway only notices.
@@ -67,8 +69,10 @@ class RemoteWorker:
             await asyncio.sleep(self.interval_s)
             if link.is_up:
                 try:
-                    await link.client.stats(timeout_s=self.probe_timeout_s)
+                    stats = await link.client.stats(timeout_s=self.probe_timeout_s)
                     misses = 0
+                    if stats.worker_id != link.worker_id:  # restarted at the same address
+                        await self._reconnect(link)
                 except (TimeoutError, EngineError):
                     misses += 1
                     if misses >= self.max_misses:
@@ -76,13 +80,20 @@ class RemoteWorker:
                               "answering; routing around it", file=sys.stderr, flush=True)
                         await link.mark_down()
                 continue
-            client = await EngineClient.connect(self.address)
-            try:
-                stats = await client.stats(timeout_s=self.probe_timeout_s)
-            except (TimeoutError, EngineError):
-                await client.close()
-                continue
-            misses = 0
-            print(f"radixgate serve: the engine at {self.address} answers again",
-                  file=sys.stderr, flush=True)
-            await link.replace(client, None, stats.worker_id)
+            if await self._reconnect(link):
+                misses = 0
+                print(f"radixgate serve: the engine at {self.address} answers again",
+                      file=sys.stderr, flush=True)
+
+    async def _reconnect(self, link: EngineLink) -> bool:
+        """Swap in a fresh connection once the worker answers on it. The old one's requests in
+        flight fail with engine_shutdown (a restarted worker never answers them), so their
+        turns go on elsewhere."""
+        client = await EngineClient.connect(self.address)
+        try:
+            stats = await client.stats(timeout_s=self.probe_timeout_s)
+        except (TimeoutError, EngineError):
+            await client.close()
+            return False
+        await link.replace(client, None, stats.worker_id)
+        return True

@@ -37,6 +37,18 @@ def free_port() -> int:
         return port
 
 
+def _is_free(port: int) -> bool:
+    """Nothing listens on `port` (a dead listener's TIME_WAIT does not count: ZeroMQ binds
+    with SO_REUSEADDR too)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 class EngineSupervisor:
     """Owns one engine worker process at a time. `on_spawn(pid)` is called for each new one."""
 
@@ -50,6 +62,7 @@ class EngineSupervisor:
         self.on_spawn = on_spawn
         self.link: EngineLink | None = None
         self.name = ""  # the current worker's address
+        self._port: int | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
@@ -104,7 +117,10 @@ class EngineSupervisor:
                 break
 
     async def _spawn(self) -> tuple[asyncio.subprocess.Process, EngineClient, Stats]:
-        port = free_port()
+        # A restarted worker takes its predecessor's port when it can, so other gateways
+        # that route to this address (`serve --engine`) find it again.
+        port = self._port if self._port is not None and _is_free(self._port) else free_port()
+        self._port = None  # a failed start tries a fresh port next
         argv = [sys.executable, "-m", "gateway.cli", "engine", "--port", str(port),
                 *self.engine_args]
         process = await asyncio.create_subprocess_exec(*argv, preexec_fn=_die_with_parent)
@@ -118,7 +134,7 @@ class EngineSupervisor:
             if process.returncode is None:
                 process.kill()
             raise
-        self.name = f"tcp://127.0.0.1:{port}"
+        self.name, self._port = f"tcp://127.0.0.1:{port}", port
         return process, client, stats
 
     async def _wait_ready(self, process: asyncio.subprocess.Process,
