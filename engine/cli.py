@@ -34,6 +34,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--kv-memory", type=int, default=1024, metavar="MIB",
                         help="memory for the paged KV pool in MiB (default 1024)")
+    parser.add_argument("--host-kv-memory", type=int, default=0, metavar="MIB",
+                        help="a host-memory KV tier: pages evicted from the pool are kept here "
+                             "and loaded back on a hit instead of recomputed (default 0: none)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--max-batch-tokens", type=int, default=1024,
@@ -60,7 +63,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         enable_prefix_cache=not args.no_prefix_cache,
                         attention_backend=args.attention_backend, spec=args.spec,
                         max_draft_len=args.max_draft_len, device=args.device,
-                        cuda_graphs=not args.no_cuda_graphs)
+                        cuda_graphs=not args.no_cuda_graphs,
+                        host_kv_memory_bytes=args.host_kv_memory * MIB)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

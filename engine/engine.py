@@ -14,10 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.registry import get_backend
-from engine.cache.base import PrefixCache
-from engine.cache.no_cache import NoPrefixCache
+from engine.cache.factory import build_cache
 from engine.cache.page_pool import PagePool
-from engine.cache.radix_cache import RadixCache
 from engine.constrained.base import TokenGrammar
 from engine.constrained.spec import ToolConstraint
 from engine.constrained.xgrammar_backend import XGrammarBackend, XGrammarState
@@ -49,6 +47,7 @@ class EngineConfig:
     check_invariants: bool = False  # run every structure's check_invariants() after each step
     device: str = "cpu"  # "cuda"/"cuda:N": weights (in their loaded dtype), KV pool and forward
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (engine.cuda_graph); CUDA only
+    host_kv_memory_bytes: int = 0  # a host KV tier that evicted pages spill into (0: none)
 
 
 class Engine:
@@ -62,12 +61,13 @@ class Engine:
                                 model.dtype)
         self.kv_pool = KVPool(model.config, layout, model.dtype, device=model.device)
         self.page_pool = PagePool(layout.num_pages)
-        self.cache: PrefixCache = (
-            RadixCache(self.page_pool, layout.page_size, clock=clock)
-            if self.config.enable_prefix_cache else NoPrefixCache(self.page_pool, layout.page_size))
+        self.cache, self.host_tier = build_cache(
+            self.page_pool, self.kv_pool, enable_prefix_cache=self.config.enable_prefix_cache,
+            host_kv_memory_bytes=self.config.host_kv_memory_bytes, clock=clock)
         self.scheduler = Scheduler(self.cache, self.page_pool, layout.page_size,
                                    max_running=self.config.max_running,
-                                   max_batch_tokens=self.config.max_batch_tokens, clock=clock)
+                                   max_batch_tokens=self.config.max_batch_tokens, clock=clock,
+                                   host_tier=self.host_tier)
         backend = get_backend(self.config.attention_backend)
         self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
             model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
@@ -173,7 +173,8 @@ class Engine:
                      num_accepted=self.speculator.num_accepted if self.speculator else 0,
                      vocab_hash=self.loaded.tokenizer.vocab_hash,
                      num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins,
-                     worker_id=self.worker_id)
+                     worker_id=self.worker_id,
+                     num_host_restored_pages=self.host_tier.num_restored if self.host_tier else 0)
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()

@@ -135,6 +135,7 @@ class Stats:
     num_locked_pages: int = 0  # cached pages that running requests hold (not evictable)
     num_pins: int = 0  # branch heads pinned by the gateway
     worker_id: str = ""  # random per engine instance: a restarted worker is a new one
+    num_host_restored_pages: int = 0  # pages loaded back from the host KV tier, not recomputed
 
     @property
     def num_held_pages(self) -> int:

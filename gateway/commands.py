@@ -63,6 +63,7 @@ def _settings(args: argparse.Namespace) -> GatewaySettings:
 
 def _engine_args(args: argparse.Namespace) -> list[str]:
     argv = ["--dtype", args.dtype, "--kv-memory", str(args.kv_memory),
+            "--host-kv-memory", str(args.host_kv_memory),
             "--page-size", str(args.page_size), "--max-running", str(args.max_running),
             "--max-batch-tokens", str(args.max_batch_tokens),
             "--attention-backend", args.attention_backend, "--spec", args.spec,

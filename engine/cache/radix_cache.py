@@ -15,7 +15,7 @@ from typing import Final
 
 from engine.cache.base import CacheNode, InsertResult, MatchResult, TurnRef
 from engine.cache.page_pool import PagePool
-from engine.cache.radix_node import RadixNode
+from engine.cache.radix_node import RadixNode, path_token_ids
 
 __all__ = ["RadixCache", "RadixNode"]
 
@@ -23,14 +23,17 @@ __all__ = ["RadixCache", "RadixNode"]
 class RadixCache:
     """Radix-tree `PrefixCache` with LRU eviction, turn bindings and TTL pins."""
 
-    def __init__(
-        self, page_pool: PagePool, page_size: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, page_pool: PagePool, page_size: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_evict: Callable[[RadixNode], None] | None = None) -> None:
+        """`on_evict(leaf)` runs before an evicted leaf's pages are let go (a host tier copies
+        them)."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_pool: Final = page_pool
         self.page_size: Final = page_size
         self._clock = clock
+        self._on_evict = on_evict
         self._next_node_id = 0
         self._roots: dict[str, RadixNode] = {}
         self._leaves: set[RadixNode] = set()  # non-root nodes without children
@@ -139,13 +142,7 @@ class RadixCache:
         if binding is None:
             return None
         node, tail = binding
-        runs: list[tuple[int, ...]] = [tail]
-        walk = node
-        while walk.parent is not None:
-            runs.append(walk.token_ids)
-            walk = walk.parent
-        token_ids = [token_id for run in reversed(runs) for token_id in run]
-        return TurnRef(node, node.namespace, token_ids, node.depth_len)
+        return TurnRef(node, node.namespace, [*path_token_ids(node), *tail], node.depth_len)
 
     def unbind_turn(self, turn_id: str) -> bool:
         self._pin_expiry.pop(turn_id, None)
@@ -286,6 +283,8 @@ class RadixCache:
     def _remove_leaf(self, leaf: RadixNode) -> int:
         parent = leaf.parent
         assert parent is not None and not leaf.children and leaf.lock_ref == 0
+        if self._on_evict is not None:
+            self._on_evict(leaf)
         del parent.children[leaf.token_ids[: self.page_size]]
         self._leaves.discard(leaf)
         if parent.parent is not None and not parent.children:

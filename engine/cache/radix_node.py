@@ -25,3 +25,13 @@ class RadixNode:
     num_direct_locks: int = 0
     turn_ids: set[str] = field(default_factory=set)  # turns bound to this node
     is_removed: bool = False  # evicted: a stale handle must not be locked or bound
+
+
+def path_token_ids(node: RadixNode) -> list[int]:
+    """The tokens on the path root..node."""
+    runs: list[tuple[int, ...]] = []
+    walk: RadixNode | None = node
+    while walk is not None and walk.parent is not None:
+        runs.append(walk.token_ids)
+        walk = walk.parent
+    return [t for run in reversed(runs) for t in run]
