@@ -37,6 +37,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-kv-memory", type=int, default=0, metavar="MIB",
                         help="a host-memory KV tier: pages evicted from the pool are kept here "
                              "and loaded back on a hit instead of recomputed (default 0: none)")
+    parser.add_argument("--kv-disk", type=int, default=0, metavar="MIB",
+                        help="write pinned branch heads' KV to files (at most MIB), so a "
+                             "restarted worker loads it instead of recomputing (default 0: off)")
+    parser.add_argument("--kv-dir", default=None, metavar="PATH",
+                        help="where --kv-disk writes (default: <state dir>/kv under `serve`, "
+                             "./radixgate-kv for `engine`)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--max-batch-tokens", type=int, default=1024,
@@ -64,7 +70,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         attention_backend=args.attention_backend, spec=args.spec,
                         max_draft_len=args.max_draft_len, device=args.device,
                         cuda_graphs=not args.no_cuda_graphs,
-                        host_kv_memory_bytes=args.host_kv_memory * MIB)
+                        host_kv_memory_bytes=args.host_kv_memory * MIB,
+                        kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

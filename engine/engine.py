@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.registry import get_backend
+from engine.cache.disk_tier import DiskTier
 from engine.cache.factory import build_cache
 from engine.cache.page_pool import PagePool
 from engine.constrained.base import TokenGrammar
@@ -21,6 +22,7 @@ from engine.constrained.spec import ToolConstraint
 from engine.constrained.xgrammar_backend import XGrammarBackend, XGrammarState
 from engine.core import Request
 from engine.cuda_graph import make_static_decode
+from engine.engine_stats import engine_stats
 from engine.errors import EngineError, InvalidRequest, UnknownParent
 from engine.kv_pool import KVPool, plan_kv_layout
 from engine.model_runner import ModelRunner
@@ -48,6 +50,8 @@ class EngineConfig:
     device: str = "cpu"  # "cuda"/"cuda:N": weights (in their loaded dtype), KV pool and forward
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (engine.cuda_graph); CUDA only
     host_kv_memory_bytes: int = 0  # a host KV tier that evicted pages spill into (0: none)
+    kv_dir: str | None = None  # pinned heads' KV is written here (engine.cache.disk_tier)
+    kv_disk_bytes: int = 0  # bound on kv_dir (0: no disk tier)
 
 
 class Engine:
@@ -61,13 +65,16 @@ class Engine:
                                 model.dtype)
         self.kv_pool = KVPool(model.config, layout, model.dtype, device=model.device)
         self.page_pool = PagePool(layout.num_pages)
-        self.cache, self.host_tier = build_cache(
-            self.page_pool, self.kv_pool, enable_prefix_cache=self.config.enable_prefix_cache,
-            host_kv_memory_bytes=self.config.host_kv_memory_bytes, clock=clock)
+        c = self.config
+        self.cache, self.tiers = build_cache(
+            self.page_pool, self.kv_pool, enable_prefix_cache=c.enable_prefix_cache,
+            host_kv_memory_bytes=c.host_kv_memory_bytes, kv_dir=c.kv_dir,
+            kv_disk_bytes=c.kv_disk_bytes, clock=clock, fingerprint=DiskTier.fingerprint(
+                self.loaded.name, self.loaded.tokenizer.vocab_hash, self.kv_pool))
         self.scheduler = Scheduler(self.cache, self.page_pool, layout.page_size,
                                    max_running=self.config.max_running,
                                    max_batch_tokens=self.config.max_batch_tokens, clock=clock,
-                                   host_tier=self.host_tier)
+                                   tiers=self.tiers.all)
         backend = get_backend(self.config.attention_backend)
         self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
             model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
@@ -154,7 +161,10 @@ class Engine:
     # ----- turns and cache -----
 
     def pin(self, turn_id: str, ttl_s: float) -> bool:
-        return self.cache.pin(turn_id, ttl_s)
+        pinned = self.cache.pin(turn_id, ttl_s)
+        if pinned:
+            self.tiers.save_pinned(self.cache, turn_id)
+        return pinned
 
     def unpin(self, turn_id: str) -> None:
         self.cache.unpin(turn_id)
@@ -164,17 +174,7 @@ class Engine:
         self.cache.reset()
 
     def stats(self, request_id: str = "") -> Stats:
-        s = self.scheduler
-        return Stats(request_id, len(s.running), len(s.waiting), self.page_pool.num_pages,
-                     self.page_pool.num_free_pages, self.cache.num_cached_pages,
-                     s.prefix_query_tokens, s.prefix_hit_tokens, self.num_finished,
-                     self.loaded.name, self.kv_pool.layout.page_size,
-                     num_drafted=self.speculator.num_drafted if self.speculator else 0,
-                     num_accepted=self.speculator.num_accepted if self.speculator else 0,
-                     vocab_hash=self.loaded.tokenizer.vocab_hash,
-                     num_locked_pages=self.cache.num_locked_pages, num_pins=self.cache.num_pins,
-                     worker_id=self.worker_id,
-                     num_host_restored_pages=self.host_tier.num_restored if self.host_tier else 0)
+        return engine_stats(self, request_id)
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()

@@ -63,13 +63,15 @@ def _settings(args: argparse.Namespace) -> GatewaySettings:
 
 def _engine_args(args: argparse.Namespace) -> list[str]:
     argv = ["--dtype", args.dtype, "--kv-memory", str(args.kv_memory),
-            "--host-kv-memory", str(args.host_kv_memory),
+            "--host-kv-memory", str(args.host_kv_memory), "--kv-disk", str(args.kv_disk),
             "--page-size", str(args.page_size), "--max-running", str(args.max_running),
             "--max-batch-tokens", str(args.max_batch_tokens),
             "--attention-backend", args.attention_backend, "--spec", args.spec,
             "--max-draft-len", str(args.max_draft_len), "--device", args.device]
     if args.model:
         argv += ["--model", args.model]
+    if args.kv_disk:  # the workers of one state dir share it (files are named by content)
+        argv += ["--kv-dir", str(args.kv_dir or _settings(args).state_dir / "kv")]
     if args.threads:
         argv += ["--threads", str(args.threads)]
     if args.no_prefix_cache:

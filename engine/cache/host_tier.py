@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -51,6 +52,7 @@ class HostTier:
             raise ValueError(f"a host KV tier needs at least one page, got {num_pages}")
         self.kv_pool = kv_pool
         self.num_pages = num_pages
+        self.page_size = kv_pool.layout.page_size
         device = kv_pool.k[0].device
         pin = device.type == "cuda"
         shape = (num_pages, *kv_pool.k[0].shape[1:])
@@ -85,7 +87,7 @@ class HostTier:
             self.num_saved += 1
         self._slots[key] = slot  # most recently used
 
-    def load(self, key: bytes, device_page: int) -> None:
+    def load(self, key: bytes, device_page: int) -> bool:
         """Copy the page under `key` into `device_page`. Raises KeyError when absent."""
         slot = self._slots[key]
         self._slots.move_to_end(key)
@@ -93,39 +95,65 @@ class HostTier:
             self.kv_pool.k[layer][device_page].copy_(self.k[layer][slot], non_blocking=True)
             self.kv_pool.v[layer][device_page].copy_(self.v[layer][slot], non_blocking=True)
         self.num_restored += 1
+        return True
 
-    def restore(self, cache: PrefixCache, pool: PagePool, namespace: str,
-                token_ids: Sequence[int], max_pages: int) -> int:
-        """Bring the tier's pages that continue the cached prefix of `token_ids` (up to
-        `max_pages` pages of it in all) into the device pool and the radix cache. Evicts
-        cache for room (those pages come here). Returns the number of pages restored."""
-        page_size = self.kv_pool.layout.page_size
-        match = cache.match_prefix(namespace, token_ids)
-        first = len(match.page_ids)
-        keys = page_keys(namespace, token_ids, page_size, max_pages)[first:]
-        run = 0
-        while run < len(keys) and keys[run] in self._slots:
-            self._slots.move_to_end(keys[run])  # not evicted by the room made below
-            run += 1
-        if run == 0:
-            return 0
-        cache.lock(match.node)
-        try:
-            if pool.num_free_pages < run:
-                cache.evict(run - pool.num_free_pages)
-            run = min(run, pool.num_free_pages)
-            new_pages = pool.alloc(run) if run else []
-            for key, page_id in zip(keys[:run], new_pages, strict=True):
-                self.load(key, page_id)
-            end = (first + run) * page_size
-            cache.insert(namespace, token_ids[:end], [*match.page_ids, *new_pages])
-            pool.decref(new_pages)  # the cache holds them now
-        finally:
-            cache.unlock(match.node)
-        return run
+    def touch(self, key: bytes) -> None:
+        self._slots.move_to_end(key)
 
     def check_invariants(self) -> None:
         slots = list(self._slots.values())
         assert len(set(slots)) == len(slots), "a host page under two keys"
         assert not set(slots) & set(self._free), "a host page both used and free"
         assert len(slots) + len(self._free) == self.num_pages, "host pages lost"
+
+
+class KVTier(Protocol):
+    """Where `restore` finds pages: a host pool, a directory."""
+
+    page_size: int
+
+    def __contains__(self, key: bytes) -> bool: ...
+
+    def touch(self, key: bytes) -> None: ...
+
+    def load(self, key: bytes, device_page: int) -> bool:
+        """Copy the page under `key` into `device_page`; False when it cannot be read."""
+        ...
+
+    def check_invariants(self) -> None: ...
+
+
+def restore(tier: KVTier, cache: PrefixCache, pool: PagePool, namespace: str,
+            token_ids: Sequence[int], max_pages: int) -> int:
+    """Bring the tier's pages that continue the cached prefix of `token_ids` (up to `max_pages`
+    pages of it in all) into the device pool and the radix cache. Evicts cache for room. Returns
+    the number of pages restored."""
+    page_size = tier.page_size
+    match = cache.match_prefix(namespace, token_ids)
+    first = len(match.page_ids)
+    if first >= max_pages:
+        return 0
+    keys = page_keys(namespace, token_ids, page_size, max_pages)[first:]
+    run = 0
+    while run < len(keys) and keys[run] in tier:
+        tier.touch(keys[run])  # not dropped by the room made below
+        run += 1
+    if run == 0:
+        return 0
+    cache.lock(match.node)
+    try:
+        if pool.num_free_pages < run:
+            cache.evict(run - pool.num_free_pages)
+        new_pages = pool.alloc(min(run, pool.num_free_pages))
+        loaded = 0
+        for key, page_id in zip(keys, new_pages, strict=False):
+            if not tier.load(key, page_id):
+                break
+            loaded += 1
+        if loaded:
+            end = (first + loaded) * page_size
+            cache.insert(namespace, token_ids[:end], [*match.page_ids, *new_pages[:loaded]])
+        pool.decref(new_pages)  # the cache holds the loaded ones now; the rest go back
+    finally:
+        cache.unlock(match.node)
+    return loaded

@@ -35,3 +35,13 @@ def path_token_ids(node: RadixNode) -> list[int]:
         runs.append(walk.token_ids)
         walk = walk.parent
     return [t for run in reversed(runs) for t in run]
+
+
+def path_page_ids(node: RadixNode) -> list[int]:
+    """The page ids on the path root..node."""
+    runs: list[list[int]] = []
+    walk: RadixNode | None = node
+    while walk is not None and walk.parent is not None:
+        runs.append(walk.page_ids)
+        walk = walk.parent
+    return [p for run in reversed(runs) for p in run]

@@ -9,11 +9,11 @@ pool runs dry the prefix cache is evicted first, then the newest running request
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.cache.base import PrefixCache
-from engine.cache.host_tier import HostTier
+from engine.cache.host_tier import KVTier, restore
 from engine.cache.page_pool import PagePool
 from engine.core import Phase, Request
 
@@ -33,9 +33,9 @@ class ScheduledItem:
 class Scheduler:
     def __init__(self, cache: PrefixCache, pool: PagePool, page_size: int, *, max_running: int,
                  max_batch_tokens: int, clock: Callable[[], float],
-                 host_tier: HostTier | None = None) -> None:
+                 tiers: Sequence[KVTier] = ()) -> None:
         self.cache = cache
-        self.host_tier = host_tier  # evicted pages, restored before admission
+        self.tiers = list(tiers)  # where pages missing from the cache are restored from
         self.pool = pool
         self.page_size = page_size
         self.max_running = max_running
@@ -135,16 +135,16 @@ class Scheduler:
             assert self.pool.ref_count(page_id) >= count, f"page {page_id} under-referenced"
         self.pool.check_invariants()
         self.cache.check_invariants()
-        if self.host_tier is not None:
-            self.host_tier.check_invariants()
+        for tier in self.tiers:
+            tier.check_invariants()
 
     # ----- internals -----
 
     def _admit(self, req: Request) -> bool:
         """Match the cached prefix and take references on it. False if it cannot start now."""
-        if self.host_tier is not None:
-            self.host_tier.restore(self.cache, self.pool, req.namespace, req.all_ids,
-                                   (req.seq_len - 1) // self.page_size)
+        for tier in self.tiers:
+            restore(tier, self.cache, self.pool, req.namespace, req.all_ids,
+                    (req.seq_len - 1) // self.page_size)
         match = self.cache.match_prefix(req.namespace, req.all_ids)
         # At least one token must run through the model to produce the next token's logits.
         num_pages = min(len(match.page_ids), (req.seq_len - 1) // self.page_size)

@@ -35,7 +35,7 @@ def test_greedy_output_with_the_host_tier_equals_recompute(tiny: LoadedModel) ->
     without, plain = replay(tiny)
     uncached, _ = replay(tiny, enable_prefix_cache=False)
     assert with_tier == without == uncached
-    tier = engine.host_tier  # type: ignore[attr-defined]
+    tier = engine.tiers.host  # type: ignore[attr-defined]
     assert tier.num_saved > 0 and tier.num_restored > 0
     stats, plain_stats = engine.stats(), plain.stats()  # type: ignore[attr-defined]
     assert stats.num_host_restored_pages == tier.num_restored
@@ -47,7 +47,7 @@ def test_a_small_tier_drops_least_recently_used_pages_and_stays_consistent(
     with_tier, engine = replay(tiny, host_kv_memory_bytes=24 * PAGE_BYTES)
     without, _ = replay(tiny)
     assert with_tier == without
-    tier = engine.host_tier  # type: ignore[attr-defined]
+    tier = engine.tiers.host  # type: ignore[attr-defined]
     assert tier.num_saved > tier.num_pages  # it wrapped around
     tier.check_invariants()
 
