@@ -102,3 +102,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def plot_path(json_path: Path) -> Path:
     return json_path.with_suffix(".png")
+
+
+def publish(json_path: Path, result: dict[str, Any], table: str,
+            plot: Callable[[dict[str, Any], Path], None]) -> None:
+    """Print `table` (with a note when `result["machine"]` was loaded), and write the JSON,
+    the table as text beside it and the PNG plot."""
+    if result["machine"].get("loaded"):
+        table += "\nNOTE: the machine was loaded during the run; the figures are not comparable."
+    print(table)
+    write_json(json_path, result)
+    json_path.with_suffix(".txt").write_text(table + "\n")
+    plot(result, plot_path(json_path))

@@ -28,8 +28,7 @@ from benchmarks.common import (
     format_table,
     log,
     machine_notes,
-    plot_path,
-    write_json,
+    publish,
 )
 from benchmarks.gateway_overhead import percentile
 from engine.engine import Engine, EngineConfig
@@ -152,12 +151,7 @@ def main() -> None:
           m["ttft_mean_s"] * 1e3, m["pages_restored"], m["wall_s"]] for m in modes])
     table += (f"\nTTFT p50 no tier / tier: {plain['ttft_p50_s'] / tiered['ttft_p50_s']:.2f}x; "
               f"greedy outputs identical: {identical}")
-    if notes["loaded"]:
-        table += "\nNOTE: the machine was loaded during the run; the figures are not comparable."
-    print(table)
-    write_json(args.json, result)
-    args.json.with_suffix(".txt").write_text(table + "\n")
-    plot(result, plot_path(args.json))
+    publish(args.json, result, table, plot)
 
 
 if __name__ == "__main__":

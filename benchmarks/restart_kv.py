@@ -30,8 +30,7 @@ from benchmarks.common import (
     format_table,
     log,
     machine_notes,
-    plot_path,
-    write_json,
+    publish,
 )
 from engine.engine import Engine, EngineConfig
 from engine.models.loader import LoadedModel, load_model
@@ -136,12 +135,7 @@ def main() -> None:
         [[f"{r['context_len']} + {DELTA}", r["ttft_s"]["warm"], r["ttft_s"]["restart"],
           r["ttft_s"]["cold"], r["restart_vs_warm"], r["cold_vs_restart"],
           r["cached"]["restart"], r["write_s"]] for r in rows])
-    if notes["loaded"]:
-        table += "\nNOTE: the machine was loaded during the run; the figures are not comparable."
-    print(table)
-    write_json(args.json, result)
-    args.json.with_suffix(".txt").write_text(table + "\n")
-    plot(result, plot_path(args.json))
+    publish(args.json, result, table, plot)
 
 
 if __name__ == "__main__":

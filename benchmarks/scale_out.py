@@ -39,8 +39,7 @@ from benchmarks.common import (
     format_table,
     log,
     machine_notes,
-    plot_path,
-    write_json,
+    publish,
 )
 from benchmarks.gateway_overhead import percentile
 from engine.models.locate import embedded_gguf_path
@@ -224,12 +223,7 @@ def main() -> None:
           r["turns_per_s"], r["ttft_p50_s"] * 1e3, r["ttft_p99_s"] * 1e3,
           _pct(r["affinity_hit_rate"]), f"{r['prefix_hit_rate']:.1%}", r["kv_bytes_moved"]]
          for r in rows])
-    print(table)
-    if notes["loaded"]:
-        print("NOTE: the machine was loaded during the run; the figures are not comparable.")
-    write_json(args.json, result)
-    args.json.with_suffix(".txt").write_text(table + "\n")
-    plot(result, plot_path(args.json))
+    publish(args.json, result, table, plot)
 
 
 if __name__ == "__main__":
