@@ -23,6 +23,7 @@ from benchmarks.common import (
     THREADS,
     finish_notes,
     format_table,
+    load_line,
     log,
     machine_notes,
     plot_path,
@@ -160,6 +161,7 @@ def summarise(result: dict[str, Any], peer_names: list[str]) -> None:
     print(f"cached TTFT {hi} vs {lo} context: measured "
           f"{s[hi]['ttft_cached_s'] / s[lo]['ttft_cached_s']:.2f}x, arithmetic predicts "
           f"{result['predicted_ratio_hi_lo']:.2f}x")
+    print(load_line(result["notes"]))
 
 
 def main() -> None:

@@ -68,6 +68,17 @@ def finish_notes(notes: dict[str, Any]) -> None:
     notes["loaded"] = max(notes["load_avg_before"], notes["load_avg_after"]) > THREADS + 0.5
 
 
+def load_line(notes: dict[str, Any]) -> str:
+    """The line each result table ends with: the 1-minute load around the run, and whether
+    the figures are comparable (a run on a loaded machine is recorded, never refused)."""
+    before, after = notes["load_avg_before"], notes.get("load_avg_after", notes["load_avg_before"])
+    line = f"machine load (1-min average) {before:.2f} before, {after:.2f} after, {THREADS} threads"
+    if notes.get("loaded"):
+        return line + ("\nNOTE: the machine was loaded during the run; "
+                       "the figures are not comparable.")
+    return line + ": comparable"
+
+
 def median_of(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "n": len(values)}
@@ -108,8 +119,7 @@ def publish(json_path: Path, result: dict[str, Any], table: str,
             plot: Callable[[dict[str, Any], Path], None]) -> None:
     """Print `table` (with a note when `result["machine"]` was loaded), and write the JSON,
     the table as text beside it and the PNG plot."""
-    if result["machine"].get("loaded"):
-        table += "\nNOTE: the machine was loaded during the run; the figures are not comparable."
+    table += "\n" + load_line(result["machine"])
     print(table)
     write_json(json_path, result)
     json_path.with_suffix(".txt").write_text(table + "\n")

@@ -22,6 +22,7 @@ from benchmarks.common import (
     THREADS,
     finish_notes,
     format_table,
+    load_line,
     log,
     machine_notes,
     median_of,
@@ -127,6 +128,7 @@ def print_table(result: dict[str, Any], lens: tuple[int, ...]) -> None:
                      pre[-1] / result["prefill_tok_s"][base][str(lens[-1])]["median"],
                      dec / result["decode_tok_s"][base]["median"]])
     print(format_table(headers, rows))
+    print(load_line(result["notes"]))
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

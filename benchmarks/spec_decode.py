@@ -25,6 +25,7 @@ from benchmarks.common import (
     THREADS,
     finish_notes,
     format_table,
+    load_line,
     log,
     machine_notes,
     plot_path,
@@ -149,6 +150,7 @@ def summarise(result: dict[str, Any]) -> None:
         table.append(line)
     print("\nSpeculative decoding (trajectory suffix drafter), greedy, batch 1")
     print(format_table(headers, table))
+    print(load_line(result["notes"]))
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
