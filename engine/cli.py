@@ -16,6 +16,7 @@ from engine.models.loader import LoadedModel, default_dtype, load_model
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.reference import GenerationStats, reference_stream
 from engine.sampling_params import SamplingParams
+from engine.worker import LoopHook
 
 MIB = 1 << 20
 
@@ -63,6 +64,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="most draft tokens verified per request per step")
 
 
+def add_disagg_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--disagg-min-tokens", type=int, default=512, metavar="N",
+                        help="disaggregated prefill: a turn with at least N prompt tokens "
+                             "uncached on its decode worker is prefilled on a prefill worker "
+                             "(default 512)")
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(page_size=args.page_size, kv_memory_bytes=args.kv_memory * MIB,
                         max_running=args.max_running, max_batch_tokens=args.max_batch_tokens,
@@ -92,6 +100,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     e = sub.add_parser("engine", help="run an engine worker process (ZeroMQ)")
     e.add_argument("--host", default="127.0.0.1")
     e.add_argument("--port", type=int, default=5557)
+    e.add_argument("--prefill-peer", action="append", default=[], metavar="tcp://HOST:PORT",
+                   help="a worker that prefills long deltas for this one and sends their KV "
+                        "over torch.distributed (repeatable; every worker can be one)")
+    add_disagg_args(e)
     add_engine_args(e)
     e.set_defaults(func=engine_main)
 
@@ -169,5 +181,17 @@ def engine_main(args: argparse.Namespace) -> int:
     except EngineError as exc:
         print(f"radixgate engine: error: {exc}", file=sys.stderr)
         return 2
-    serve_engine(engine, args.host, args.port)
+    serve_engine(engine, args.host, args.port, disagg_hooks(engine, args))
     return 0
+
+
+def disagg_hooks(engine: Engine, args: argparse.Namespace) -> list[LoopHook]:
+    """Every worker can prefill for others; one with --prefill-peer also pulls from them."""
+    from engine.disagg.decode_side import KvPuller
+    from engine.disagg.prefill_side import KvServer
+
+    hooks: list[LoopHook] = [KvServer(engine, args.host)]
+    if args.prefill_peer:
+        hooks.append(KvPuller(engine, args.prefill_peer, host=args.host,
+                              min_tokens=args.disagg_min_tokens))
+    return hooks

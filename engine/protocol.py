@@ -136,6 +136,11 @@ class Stats:
     num_pins: int = 0  # branch heads pinned by the gateway
     worker_id: str = ""  # random per engine instance: a restarted worker is a new one
     num_host_restored_pages: int = 0  # pages loaded back from the host KV tier, not recomputed
+    num_kv_peers: int = 0  # prefill workers this one has a formed KV pair with
+    num_kv_sent_pages: int = 0  # disaggregation: pages this worker prefilled for decode workers
+    num_kv_received_pages: int = 0  # pages received from prefill workers
+    num_kv_failed_transfers: int = 0  # transfers that failed either side (their KV recomputed)
+    num_kv_fallbacks: int = 0  # parked requests that ran without their transfer
 
     @property
     def num_held_pages(self) -> int:
@@ -150,12 +155,41 @@ class Stats:
         return self.prefix_hit_tokens / self.prefix_query_tokens
 
 
+@dataclass(frozen=True)
+class KvConnect:
+    """A decode worker asks a prefill worker to form a KV pair (engine.disagg) under a key it
+    never used before (its worker id and a generation)."""
+
+    decode_key: str
+    fingerprint: str  # model, KV dtype and page shape: pages only cross between equal ones
+
+
+@dataclass(frozen=True)
+class KvAccept:
+    decode_key: str
+    store_host: str  # the prefill worker's TCPStore, where the pair's gloo group meets
+    store_port: int
+    error: str = ""  # why the pair is refused (prefix cache off, another model)
+
+
+@dataclass(frozen=True)
+class PrefillFor:
+    """Compute the KV of `token_ids` (whole pages) and send pages `first_page..` over the pair
+    `decode_key` as transfer `tag` (a failed one is sent as a failure header)."""
+
+    decode_key: str
+    tag: int
+    namespace: str
+    token_ids: list[int]
+    first_page: int
+
+
 Message = (Extend | TokenChunk | Finished | Failed | Abort | Pin | Unpin | StatsRequest | Stats
-           | PrefixProbe | PrefixMatch)
+           | PrefixProbe | PrefixMatch | KvConnect | KvAccept | PrefillFor)
 MESSAGE_TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
     for cls in (Extend, TokenChunk, Finished, Failed, Abort, Pin, Unpin, StatsRequest, Stats,
-                PrefixProbe, PrefixMatch)
+                PrefixProbe, PrefixMatch, KvConnect, KvAccept, PrefillFor)
 }
 
 

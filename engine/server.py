@@ -6,27 +6,29 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 
 import zmq
 
 from engine.engine import Engine
 from engine.protocol import Message, decode, encode
-from engine.worker import Origin, run_engine_loop
+from engine.worker import LoopHook, Origin, run_engine_loop
 
 log = logging.getLogger(__name__)
 
 
-def serve_engine(engine: Engine, host: str, port: int) -> None:
+def serve_engine(engine: Engine, host: str, port: int, hooks: Sequence[LoopHook] = ()) -> None:
     """Serve until SIGTERM/SIGINT (main thread only: installs signal handlers)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"radixgate engine: serving {engine.loaded.name} on tcp://{host}:{port}",
           file=sys.stderr, flush=True)
-    serve_engine_socket(engine, host, port, stop)
+    serve_engine_socket(engine, host, port, stop, hooks)
 
 
-def serve_engine_socket(engine: Engine, host: str, port: int, stop: threading.Event) -> None:
+def serve_engine_socket(engine: Engine, host: str, port: int, stop: threading.Event,
+                        hooks: Sequence[LoopHook] = ()) -> None:
     """Serve until `stop` is set. Each client (DEALER) is addressed by its identity frame."""
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
@@ -50,7 +52,7 @@ def serve_engine_socket(engine: Engine, host: str, port: int, stop: threading.Ev
         socket.send_multipart([origin, encode(message)])
 
     try:
-        run_engine_loop(engine, receive, send, stop.is_set)
+        run_engine_loop(engine, receive, send, stop.is_set, hooks)
     finally:
         socket.close()
         context.term()

@@ -18,7 +18,7 @@ from sessions.embedded import EmbeddedServerError, EmbeddedValkey
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from engine.cli import add_engine_args
+    from engine.cli import add_disagg_args, add_engine_args
 
     s = sub.add_parser("serve", help="serve the session API (gateway + engine worker)")
     s.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
@@ -37,6 +37,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     s.add_argument("--engine", action="append", default=[], metavar="tcp://HOST:PORT",
                    help="also route to this worker started with `radixgate engine` "
                    "(repeatable; with --workers 0, only to these)")
+    s.add_argument("--prefill-workers", type=int, default=0, metavar="P",
+                   help="disaggregated prefill/decode: P workers only prefill long deltas and "
+                   "send their KV (torch.distributed, gloo) to the decode workers (default 0)")
+    s.add_argument("--decode-workers", type=int, default=None, metavar="D",
+                   help="with --prefill-workers: the workers turns are routed to (default: "
+                   "--workers)")
+    add_disagg_args(s)
     add_engine_args(s)
     s.set_defaults(func=serve_main)
 
@@ -82,8 +89,11 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    return serve(_settings(args), _engine_args(args), num_workers=args.workers,
-                 remote=args.engine)
+    num_workers = args.workers if args.decode_workers is None else args.decode_workers
+    decode_args = (["--disagg-min-tokens", str(args.disagg_min_tokens)]
+                   if args.prefill_workers else [])
+    return serve(_settings(args), _engine_args(args), num_workers=num_workers,
+                 remote=args.engine, num_prefill=args.prefill_workers, decode_args=decode_args)
 
 
 def keys_create_main(args: argparse.Namespace) -> int:

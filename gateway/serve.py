@@ -156,7 +156,7 @@ def _raise_stop(signum: int, _frame: object) -> None:
 
 
 async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers: int,
-                 remote: list[str]) -> None:
+                 remote: list[str], num_prefill: int, decode_args: list[str]) -> None:
     store: StoreSupervisor | None = None
     if settings.redis_url is None:
         valkey = EmbeddedValkey(embedded_data_dir(settings), appendfsync="always",
@@ -169,20 +169,33 @@ async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers:
         settings = settings.model_copy(update={"redis_url": valkey.url})
     assert settings.redis_url is not None
     redis = Redis.from_url(settings.redis_url)
-    engine_pids: list[int | None] = [None] * num_workers
+    engine_pids: list[int | None] = [None] * (num_workers + num_prefill)
 
     def on_spawn(index: int, pid: int) -> None:
         engine_pids[index] = pid
         _write_pids(settings, engine_pids=engine_pids, engine_pid=engine_pids[0])
 
-    supervisors = [EngineSupervisor(engine_args, timeout_s=settings.engine_timeout_s,
-                                    restart_timeout_s=settings.engine_restart_timeout_s,
-                                    on_spawn=functools.partial(on_spawn, i))
-                   for i in range(num_workers)]
+    def supervisor(index: int, args: list[str]) -> EngineSupervisor:
+        return EngineSupervisor(args, timeout_s=settings.engine_timeout_s,
+                                restart_timeout_s=settings.engine_restart_timeout_s,
+                                on_spawn=functools.partial(on_spawn, index))
+
+    # Prefill workers are supervised like any worker but never routed to: the decode workers
+    # (the ones turns go to) pull long deltas' KV from them.
+    prefills = [supervisor(num_workers + i, engine_args) for i in range(num_prefill)]
+    supervisors: list[EngineSupervisor] = []
     remotes = [RemoteWorker(address, timeout_s=settings.engine_timeout_s) for address in remote]
     try:
         banner = await _access_banner(settings, redis)
         print(f"radixgate serve: {banner}", file=sys.stderr, flush=True)
+        await asyncio.gather(*(s.start() for s in prefills))
+        peers = [arg for s in prefills for arg in ("--prefill-peer", s.name)]
+        supervisors = [supervisor(i, [*engine_args, *decode_args, *peers])
+                       for i in range(num_workers)]
+        if prefills:
+            print(f"radixgate serve: {num_prefill} prefill worker(s) at "
+                  f"{', '.join(s.name for s in prefills)} send KV to {num_workers} decode "
+                  "worker(s)", file=sys.stderr, flush=True)
         links = await asyncio.gather(*(s.start() for s in supervisors),
                                      *(r.start() for r in remotes))
         app = create_app(settings, engine_client=EnginePool(links), redis=redis,
@@ -194,8 +207,8 @@ async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers:
         if not server.started:  # the lifespan failed (uvicorn logged why, e.g. a ConfigError)
             raise ServeError("the gateway did not start; see the error above")
     finally:
-        for supervisor in supervisors:
-            await supervisor.stop()
+        for engine_supervisor in [*supervisors, *prefills]:
+            await engine_supervisor.stop()
         for remote_worker in remotes:
             await remote_worker.stop()
         await redis.aclose()
@@ -204,13 +217,20 @@ async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers:
 
 
 def serve(settings: GatewaySettings, engine_args: list[str], *, num_workers: int = 1,
-          remote: list[str] | None = None) -> int:
+          remote: list[str] | None = None, num_prefill: int = 0,
+          decode_args: list[str] | None = None) -> int:
     """Run until SIGINT/SIGTERM with `num_workers` spawned engine workers plus the `remote`
-    ones (addresses). Returns the exit code. Every child (engine workers, embedded Valkey) is
-    stopped on the way out, and dies with this process even if it is SIGKILLed."""
+    ones (addresses), and `num_prefill` prefill workers the spawned ones (started with
+    `decode_args` more) pull KV from. Returns the exit code. Every child (engine workers,
+    embedded Valkey) is stopped on the way out, and dies with this process even if it is
+    SIGKILLed."""
     if num_workers + len(remote or []) < 1:
         print("radixgate serve: error: no engine worker: pass --workers N (N >= 1) or "
               "--engine tcp://host:port", file=sys.stderr)
+        return 2
+    if num_prefill and num_workers < 1:
+        print("radixgate serve: error: --prefill-workers needs --decode-workers D (D >= 1) to "
+              "send KV to", file=sys.stderr)
         return 2
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop_leftovers(settings)
@@ -218,7 +238,8 @@ def serve(settings: GatewaySettings, engine_args: list[str], *, num_workers: int
         engine_args = [*engine_args, "--model", settings.model]
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        event_loop.run(_serve(settings, engine_args, num_workers, list(remote or [])))
+        event_loop.run(_serve(settings, engine_args, num_workers, list(remote or []),
+                              num_prefill, list(decode_args or [])))
     except ServeError as exc:
         print(f"radixgate serve: error: {exc}", file=sys.stderr)
         return 2
