@@ -5,6 +5,7 @@ crosses leaves the prefill worker with no page held and every structure consiste
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ from engine.models.loader import LoadedModel
 from engine.protocol import Extend, Failed, Finished, Stats
 from engine.sampling_params import SamplingParams
 from gateway.worker import free_port
+from tests.e2e.test_scale_out import Gateway
 from tests.engine.disagg.helpers import serve_in_thread, wait_until
 
 pytestmark = pytest.mark.slow
@@ -155,3 +158,28 @@ def test_a_decode_worker_killed_mid_transfer_leaks_no_page(loaded_model: LoadedM
     assert prefill.cache.num_locked_pages == 0
     prefill.reset_cache()
     assert prefill.page_pool.num_free_pages == prefill.page_pool.num_pages
+
+
+def test_serve_with_prefill_and_decode_workers(tmp_path: Path, redis_url: str,
+                                               redis_key_prefix: str) -> None:
+    """`serve --prefill-workers 1 --decode-workers 1`: turns go to the decode worker, a long
+    first turn's KV comes from the prefill worker, and both workers die with `serve`."""
+    gateway = Gateway(tmp_path, redis_url, redis_key_prefix, "--prefill-workers", "1",
+                      "--decode-workers", "1", "--disagg-min-tokens", "256")
+    try:
+        workers = gateway.ready(num_up=1)["workers"]
+        assert len(workers) == 1  # the prefill worker is supervised, not routed to
+        pids = [int(p) for p in json.loads((tmp_path / "serve.json").read_text())["engine_pids"]]
+        assert len(pids) == 2
+        sid = gateway.http.post("/v1/sessions", json={"system": "Be brief."}).json()["id"]
+        text = " ".join(f"item {i} costs {i * 3} coins." for i in range(150))
+        usage = gateway.turn(sid, f"Prices:\n{text}\nWhat does item 7 cost?")["usage"]
+        # All but the last page came from the prefill worker: cached on the decode worker.
+        assert usage["input_tokens"] > 1000 and usage["computed_tokens"] <= 16
+        assert gateway.turn(sid, "And item 9?")["usage"]["cached_tokens"] > 1000
+    finally:
+        gateway.stop()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "a worker outlived serve"
