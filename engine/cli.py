@@ -24,9 +24,10 @@ MIB = 1 << 20
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="a .gguf file or an HF folder (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
-                        help="weight and compute dtype; auto: bf16 on CUDA, fp32 on the CPU "
-                             "(faster there without AMX)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "mixed"],
+                        help="weight and compute dtype; mixed: bf16 projections over fp32 "
+                             "norms, attention, lm_head and KV; auto: bf16 on CUDA, mixed on a "
+                             "CPU with bf16 instructions (AVX512-BF16/AMX), else fp32")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice)")
 

@@ -62,6 +62,30 @@ def rotary_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` computed in the weight's dtype, returned in `x`'s dtype."""
+    if weight.dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Forwards of at least `min_rows` rows (prefill chunks, draft verification) run their linear
+    layers in `dtype`; smaller ones (decode) run them in the model's dtype. Norms, rotary,
+    attention, the residual stream and the KV pool stay in the model's dtype, so both kinds of
+    step read and write one pool. `min_rows` is where the lower-precision GEMM starts to win on
+    the CPU (benchmarks/model_speed.py measures it)."""
+
+    dtype: torch.dtype = torch.bfloat16
+    # 1: decode too. With bf16 dot-product instructions a bf16 projection reads half the bytes
+    # and is faster even for one row (model_speed: decode 1.2-1.8x fp32's on this machine).
+    min_rows: int = 1
+    # The lm_head in `dtype` too (for every step): the largest single weight read per decode
+    # step, so the biggest bandwidth saving, and the one that moves logits the most.
+    lm_head: bool = False
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (N, heads, head_dim); cos/sin: (N, 1, head_dim)."""
     half = x.shape[-1] // 2
@@ -72,11 +96,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class LlamaModel:
     """Weights plus the forward pass. Stateless across calls: all KV state lives in the backend."""
 
-    def __init__(self, config: ModelConfig, weights: LlamaWeights, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, dtype: torch.dtype,
+                 mixed: MixedPrecision | None = None) -> None:
         self.config = config
         self.weights = weights
         self.dtype = dtype
         self.device = weights.embed.device
+        self.mixed = mixed
+        # Copies of the linear weights in the extend dtype; the fp32 ones remain for decode.
+        self._extend_layers = ([_cast_linears(layer, mixed.dtype) for layer in weights.layers]
+                               if mixed is not None and mixed.dtype != dtype else None)
+        self._lm_head = (weights.lm_head.to(mixed.dtype)
+                         if mixed is not None and mixed.lm_head else weights.lm_head)
         # Built on the CPU in fp64 (exact angles), then moved next to the weights they rotate.
         cos, sin = rotary_tables(config, dtype)
         self._cos, self._sin = cos.to(self.device), sin.to(self.device)
@@ -91,7 +122,20 @@ class LlamaModel:
         embed = w.embed.to(device)
         lm_head = embed if w.lm_head is w.embed else w.lm_head.to(device)
         return LlamaModel(self.config, LlamaWeights(embed, layers, w.norm.to(device), lm_head),
-                          self.dtype)
+                          self.dtype, self.mixed)
+
+    def with_mixed_precision(self, mixed: MixedPrecision | None) -> LlamaModel:
+        """The same weights with extends in `mixed.dtype` (None: every step in `self.dtype`)."""
+        return LlamaModel(self.config, self.weights, self.dtype, mixed)
+
+    @property
+    def precision_name(self) -> str:
+        """"fp32", "bf16", or "bf16+fp32" (extends in bf16, decode in fp32) for logs and stats."""
+        names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        base = names.get(self.dtype, str(self.dtype))
+        if self._extend_layers is None or self.mixed is None:
+            return base
+        return f"{names.get(self.mixed.dtype, str(self.mixed.dtype))}+{base}"
 
     @torch.inference_mode()
     def forward(
@@ -103,21 +147,33 @@ class LlamaModel:
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         num_tokens = input_ids.shape[0]
+        linears = self.weights.layers
+        if (self._extend_layers is not None and self.mixed is not None
+                and num_tokens >= self.mixed.min_rows):
+            linears = self._extend_layers
         for layer_idx, layer in enumerate(self.weights.layers):
+            lin = linears[layer_idx]
             h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear(h, lin.qkv, lin.qkv_bias)
             q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = apply_rotary(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
             k = apply_rotary(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = attention(layer_idx, q, k, v)
-            x = x + F.linear(attn.reshape(num_tokens, cfg.q_size), layer.o)
+            x = x + linear(attn.reshape(num_tokens, cfg.q_size), lin.o)
             h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(h, lin.gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, lin.down)
         return rms_norm(x, self.weights.norm, cfg.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, hidden) -> fp32 logits (M, vocab). Call it only on rows that need a next token."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        return linear(hidden, self._lm_head).float()
+
+
+def _cast_linears(layer: LayerWeights, dtype: torch.dtype) -> LayerWeights:
+    """`layer` with its projection weights (and q/k/v bias) in `dtype`; norms are not used."""
+    bias = layer.qkv_bias.to(dtype) if layer.qkv_bias is not None else None
+    return replace(layer, qkv=layer.qkv.to(dtype), qkv_bias=bias, o=layer.o.to(dtype),
+                   gate_up=layer.gate_up.to(dtype), down=layer.down.to(dtype))

@@ -12,12 +12,17 @@ import torch
 from engine.errors import InvalidRequest
 from engine.models.gguf_loader import load_gguf
 from engine.models.hf_loader import load_hf
-from engine.models.llama import LlamaModel
+from engine.models.llama import LlamaModel, MixedPrecision
 from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16}
+# "mixed": fp32 weights, norms, attention and KV pool, with the projections (not the lm_head)
+# run in bf16 (see MixedPrecision).
+MIXED = "mixed"
+# CPU flags with bf16 dot-product instructions; without them bf16 GEMMs are slower than fp32.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -33,15 +38,33 @@ class LoadedModel:
 
 
 def parse_dtype(name: str) -> torch.dtype:
+    """The weight dtype of a `--dtype` name ("mixed" keeps fp32 weights)."""
+    if name == MIXED:
+        return torch.float32
     if name not in DTYPES:
-        raise InvalidRequest(f"dtype '{name}' is not supported; use one of {sorted(set(DTYPES))}")
+        raise InvalidRequest(
+            f"dtype '{name}' is not supported; use one of {sorted({*DTYPES, MIXED})}")
     return DTYPES[name]
 
 
-def default_dtype(device: str) -> str:
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX); False where the
+    flags cannot be read (not Linux)."""
+    try:
+        flags = cpuinfo.read_text().split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def default_dtype(device: str, cpu_bf16: bool | None = None) -> str:
     """The `--dtype auto` choice: bf16 on CUDA (half the weight bytes read per decode step,
-    tensor cores), fp32 on the CPU (faster than bf16 without AMX)."""
-    return "bf16" if device.startswith("cuda") else "fp32"
+    tensor cores); mixed on a CPU with bf16 instructions (its bf16 GEMMs are 2.3x faster than
+    fp32 at prefill sizes and read half the bytes at decode, while fp32 norms, attention and
+    KV keep greedy output near fp32's); fp32 on other CPUs."""
+    if device.startswith("cuda"):
+        return "bf16"
+    return MIXED if (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16) else "fp32"
 
 
 def place_model(loaded: LoadedModel, device: str) -> LoadedModel:
@@ -78,8 +101,10 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     else:
         config, weights = load_hf(path, torch_dtype, show_progress=show_progress)
         tokenizer = Tokenizer.from_tokenizer_json(path / "tokenizer.json")
-    loaded = LoadedModel(path, LlamaModel(config, weights, torch_dtype), tokenizer,
+    mixed = MixedPrecision() if dtype == MIXED else None
+    loaded = LoadedModel(path, LlamaModel(config, weights, torch_dtype, mixed), tokenizer,
                          time.perf_counter() - started)
     if show_progress:
-        print(f"radixgate: model ready in {loaded.load_s:.1f} s", file=sys.stderr, flush=True)
+        print(f"radixgate: model ready in {loaded.load_s:.1f} s ({loaded.model.precision_name})",
+              file=sys.stderr, flush=True)
     return loaded

@@ -1,0 +1,70 @@
+"""The documented tolerance of `--dtype mixed` against the fp32 reference on the real model.
+
+Bound (measured 2026-12-04 on 8 x 300 teacher-forced positions: mean |dlogit| 0.05, max 0.75,
+argmax agreement 98.3-100%, no disagreement where fp32's top-2 margin exceeded 0.5):
+- mean |logit difference| <= 0.1 and max <= 1.5 (logits' std is ~6.5);
+- the next-token argmax agrees on >= 97% of positions, and on every position where the fp32
+  top-2 margin is above 1.0: mixed precision can only flip near-ties;
+- free-running greedy through the engine: 32 tokens identical on >= 12 of 16 prompts (14 seen).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.model_speed import corpus_ids
+from engine.attention.dense import DenseAttention
+from engine.engine import Engine, EngineConfig
+from engine.models.llama import MixedPrecision
+from engine.models.loader import LoadedModel
+from engine.protocol import Extend, Finished
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROMPT_LEN = 300
+
+
+def _prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
+    ids = corpus_ids(loaded.tokenizer, 450 * count)
+    return [ids[i * 450 : i * 450 + PROMPT_LEN] for i in range(count)]
+
+
+def test_mixed_logits_within_tolerance(loaded_model: LoadedModel) -> None:
+    reference = loaded_model.model
+    mixed = reference.with_mixed_precision(MixedPrecision())
+    positions = torch.arange(PROMPT_LEN)
+    for prompt in _prompts(loaded_model, 4):
+        ids = torch.tensor(prompt)
+        want = reference.logits(reference.forward(ids, positions, DenseAttention([PROMPT_LEN])))
+        got = mixed.logits(mixed.forward(ids, positions, DenseAttention([PROMPT_LEN])))
+        diff = (got - want).abs()
+        assert diff.mean() <= 0.1 and diff.max() <= 1.5, (diff.mean(), diff.max())
+        top2 = want.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        disagree = want.argmax(-1) != got.argmax(-1)
+        assert disagree.float().mean() <= 0.03
+        assert not (disagree & (margin > 1.0)).any(), margin[disagree]
+
+
+def _greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
+    engine = Engine(loaded, EngineConfig(enable_prefix_cache=False, kv_memory_bytes=256 << 20,
+                                         check_invariants=True))
+    for i, prompt in enumerate(prompts):
+        engine.submit(Extend(f"r{i}", "t", None, prompt,
+                             SamplingParams(max_tokens=32, ignore_eos=True)))
+    done = {m.request_id: m.output_token_ids for m in engine.run_until_idle()
+            if isinstance(m, Finished)}
+    engine.check_invariants()
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+def test_mixed_greedy_matches_fp32_on_most_prompts(loaded_model: LoadedModel) -> None:
+    prompts = _prompts(loaded_model, 16)
+    mixed = LoadedModel(loaded_model.path, loaded_model.model.with_mixed_precision(
+        MixedPrecision()), loaded_model.tokenizer, 0.0)
+    want = _greedy(loaded_model, prompts)
+    got = _greedy(mixed, prompts)
+    identical = sum(a == b for a, b in zip(want, got, strict=True))
+    assert identical >= 12, f"{identical}/16 identical"
