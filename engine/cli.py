@@ -63,6 +63,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              '"draft:<model path>" (a smaller model, same tokenizer) or "none"')
     parser.add_argument("--max-draft-len", type=int, default=8,
                         help="most draft tokens verified per request per step")
+    parser.add_argument("--draft-backoff", type=int, default=16, metavar="N",
+                        help="after drafts that miss, skip drafting for up to N decode steps "
+                             "(doubling from 1; an accepted token resets it). 0: draft every step")
 
 
 def add_disagg_args(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +80,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         max_running=args.max_running, max_batch_tokens=args.max_batch_tokens,
                         enable_prefix_cache=not args.no_prefix_cache,
                         attention_backend=args.attention_backend, spec=args.spec,
-                        max_draft_len=args.max_draft_len, device=args.device,
+                        max_draft_len=args.max_draft_len, draft_backoff=args.draft_backoff,
+                        device=args.device,
                         cuda_graphs=not args.no_cuda_graphs,
                         host_kv_memory_bytes=args.host_kv_memory * MIB,
                         kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB)

@@ -46,6 +46,7 @@ class EngineConfig:
     attention_backend: str = "torch"
     spec: str = "suffix"  # speculative drafting: "suffix" (trajectory), "draft:<gguf path>", "none"
     max_draft_len: int = 8
+    draft_backoff: int = 16  # skip drafting up to this many steps after misses (0: never skip)
     check_invariants: bool = False  # run every structure's check_invariants() after each step
     device: str = "cpu"  # "cuda"/"cuda:N": weights (in their loaded dtype), KV pool and forward
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (engine.cuda_graph); CUDA only
@@ -81,7 +82,7 @@ class Engine:
         self.num_finished = 0
         self.worker_id = uuid.uuid4().hex[:12]  # a restarted worker holds no KV: a new id
         self.speculator: Speculator | None = make_speculator(
-            self.config.spec, self.config.max_draft_len, self.loaded)
+            self.config.spec, self.config.max_draft_len, self.loaded, self.config.draft_backoff)
         self._grammars: XGrammarBackend | None = None  # built by the first constrained request
 
     # ----- requests -----

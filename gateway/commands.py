@@ -74,7 +74,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
             "--page-size", str(args.page_size), "--max-running", str(args.max_running),
             "--max-batch-tokens", str(args.max_batch_tokens),
             "--attention-backend", args.attention_backend, "--spec", args.spec,
-            "--max-draft-len", str(args.max_draft_len), "--device", args.device]
+            "--max-draft-len", str(args.max_draft_len), "--draft-backoff",
+            str(args.draft_backoff), "--device", args.device]
     if args.model:
         argv += ["--model", args.model]
     if args.kv_disk:  # the workers of one state dir share it (files are named by content)

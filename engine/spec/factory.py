@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequest
+from engine.spec.gate import DraftGateConfig
 from engine.spec.speculator import Speculator
 from engine.spec.suffix_drafter import SuffixDrafter, SuffixDrafterConfig
 
@@ -14,17 +15,22 @@ if TYPE_CHECKING:
 SPEC_CHOICES = ("none", "suffix", "draft:<model path>")
 
 
-def make_speculator(spec: str, max_draft_len: int, target: LoadedModel) -> Speculator | None:
+def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
+                    draft_backoff: int = 16) -> Speculator | None:
+    """`draft_backoff`: the most decode steps a request skips drafting after misses."""
     if spec == "none":
         return None
     if max_draft_len < 1:
         raise InvalidRequest(f"max_draft_len must be >= 1, got {max_draft_len}")
+    if draft_backoff < 0:
+        raise InvalidRequest(f"draft_backoff must be >= 0, got {draft_backoff}")
+    gate = DraftGateConfig(max_skip=draft_backoff)
     if spec == "suffix":
         return Speculator(SuffixDrafter(SuffixDrafterConfig(max_draft_len=max_draft_len)),
-                          max_draft_len)
+                          max_draft_len, gate)
     if spec.startswith("draft:"):
         from engine.spec.model_drafter import ModelDrafter
 
         return Speculator(ModelDrafter.from_path(spec.removeprefix("draft:"), target,
-                                                 max_draft_len), max_draft_len)
+                                                 max_draft_len), max_draft_len, gate)
     raise InvalidRequest(f"speculative mode '{spec}' is unknown; choose from {SPEC_CHOICES}")

@@ -17,6 +17,7 @@ import torch
 
 from engine.sampling import TokenChoice
 from engine.spec.drafter import Drafter
+from engine.spec.gate import DraftGate, DraftGateConfig
 from engine.spec.verify import RowMasker, verify_draft
 
 if TYPE_CHECKING:
@@ -36,14 +37,17 @@ class Verified:
 
 
 class Speculator:
-    def __init__(self, drafter: Drafter, max_draft_len: int) -> None:
+    def __init__(self, drafter: Drafter, max_draft_len: int,
+                 gate: DraftGateConfig | None = None) -> None:
         self.drafter = drafter
         self.max_draft_len = max_draft_len
+        self.gate = DraftGate(gate)
         self.num_drafted = 0
         self.num_accepted = 0
 
     def propose(self, running: Sequence[Request], max_context: int) -> None:
-        """Set `draft_ids` on every decoding request (empty where there is nothing to guess)."""
+        """Set `draft_ids` on every decoding request (empty where there is nothing to guess, or
+        where the gate skips drafting after misses)."""
         eligible, max_lens = [], []
         for req in running:
             req.draft_ids = []
@@ -51,12 +55,14 @@ class Speculator:
                 continue
             room = min(req.params.max_tokens - len(req.output_ids) - 1,
                        max_context - req.seq_len - 1, self.max_draft_len)
-            if room > 0:
+            if room > 0 and self.gate.allow(req.request_id):
                 eligible.append(req)
                 max_lens.append(room)
         if eligible:
             for req, draft in zip(eligible, self.drafter.propose(eligible, max_lens), strict=True):
                 req.draft_ids = list(draft)
+                if not draft:
+                    self.gate.observe(req.request_id, 0, 0)
 
     def choose(self, items: Sequence[ScheduledItem], logits: torch.Tensor,
                plain: PlainChooser, mask: RowMasker | None = None) -> list[Verified]:
@@ -81,6 +87,7 @@ class Speculator:
                                                  draft, req.params, req.generator,
                                                  req.grammar, mask)
             self.drafter.observe(req, len(draft), num_accepted)
+            self.gate.observe(req.request_id, len(draft), num_accepted)
             out.append(Verified(req, choices, num_accepted, len(draft)))
         for item in items:
             item.request.draft_ids = []
@@ -96,7 +103,9 @@ class Speculator:
 
     def finish(self, request: Request) -> None:
         self.drafter.finish(request)
+        self.gate.forget(request.request_id)
 
     def check_invariants(self) -> None:
         assert 0 <= self.num_accepted <= self.num_drafted
         self.drafter.check_invariants()
+        self.gate.check_invariants()
