@@ -23,6 +23,7 @@ from benchmarks.common import (
     THREADS,
     finish_notes,
     format_table,
+    load_default_model,
     load_line,
     log,
     machine_notes,
@@ -32,7 +33,7 @@ from benchmarks.common import (
 from benchmarks.replay_plot import plot
 from benchmarks.workload import agent_trajectory, stdlib_source
 from engine.engine import Engine, EngineConfig
-from engine.models.loader import LoadedModel, load_model
+from engine.models.loader import LoadedModel
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
 
@@ -186,12 +187,13 @@ def main() -> None:
         run_api_replay(args.api, num_turns, given, args.max_tokens)
         return
     repeats = args.repeats or (1 if args.quick else 5)
-    loaded = load_model(None, "fp32")
+    loaded = load_default_model()
     config = EngineConfig(kv_memory_bytes=2 << 30, max_batch_tokens=1024)
     cached = Engine(loaded, config)
     uncached = Engine(loaded, EngineConfig(kv_memory_bytes=1 << 30, max_batch_tokens=1024,
                                            enable_prefix_cache=False))
     notes = machine_notes(loaded.path)
+    notes["precision"] = loaded.model.precision_name
     peers: list[Any] = []
     if not args.no_peers:
         from benchmarks.peers.registry import available_peers

@@ -12,7 +12,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.models.loader import LoadedModel
 
 THREADS = 2
 
@@ -61,6 +64,14 @@ def machine_notes(gguf_path: Path | None = None) -> dict[str, Any]:
     if gguf_path is not None:
         notes["gguf"] = {"file": gguf_path.name, "sha256": file_sha256(gguf_path)}
     return notes
+
+
+def load_default_model() -> LoadedModel:
+    """The embedded GGUF in the precision `serve --dtype auto` picks on this CPU (mixed bf16
+    projections where the CPU has bf16 instructions, else fp32): the default mode."""
+    from engine.models.loader import default_dtype, load_model
+
+    return load_model(None, default_dtype("cpu"))
 
 
 def finish_notes(notes: dict[str, Any]) -> None:

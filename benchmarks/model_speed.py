@@ -1,10 +1,12 @@
-"""Prefill and decode speed of the engine on the embedded GGUF, fp32 and bf16, with peers.
+"""Prefill and decode speed of the engine on the embedded GGUF (fp32, bf16, mixed), with peers.
 
     python -m benchmarks.model_speed --json bench-results/model_speed.json [--quick]
 
 Prefill: cold TTFT of one prompt of 512 / 2048 / 8000 tokens (prefix cache off), as tokens/s.
-Decode: batch-1 greedy tokens/s after a short prompt, EOS ignored. Every engine runs in this one
-process, in turns, on the same token ids and thread count; medians over repeats.
+Decode: batch-1 greedy tokens/s after a short prompt and after a 4k-token one (attention reads
+4k tokens of KV per step), EOS ignored. Every engine runs in this one process, in turns, on the
+same token ids and thread count; medians over repeats. `mixed` (bf16 projections over fp32
+norms, attention, lm_head and KV) is `--dtype auto` on a CPU with bf16 instructions.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from engine.sampling_params import SamplingParams
 
 PREFILL_LENS = (512, 2048, 8000)
 DECODE_TOKENS = 64
+LONG_DECODE_CONTEXT = 4000
 
 
 def corpus_ids(tokenizer: Any, num_tokens: int) -> list[int]:
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeats = 1 if args.quick else args.repeats
     lens = (512, 2048) if args.quick else PREFILL_LENS
     engines: dict[str, Any] = {}
-    for dtype in ("fp32", "bf16"):
+    for dtype in ("fp32", "bf16", "mixed"):
         loaded = load_model(None, dtype)
         engines[f"radixgate-{dtype}"] = Engine(loaded, EngineConfig(
             enable_prefix_cache=False, kv_memory_bytes=1 << 30, max_batch_tokens=2048))
@@ -74,13 +77,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         peers = available_peers(loaded.path, THREADS)
     prompts = {n: corpus_ids(tokenizer, n) for n in lens}
-    decode_prompt = prompts[512][:64]
+    decode_prompts = {"short": prompts[512][:64],
+                      "4k": corpus_ids(tokenizer, LONG_DECODE_CONTEXT)}
     prefill: dict[str, dict[int, list[float]]] = {}
-    decode: dict[str, list[float]] = {}
+    decode: dict[str, dict[str, list[float]]] = {}
     names = list(engines) + [p.name for p in peers]
     for name in names:
         prefill[name] = {n: [] for n in lens}
-        decode[name] = []
+        decode[name] = {kind: [] for kind in decode_prompts}
     # Warm-up: one discarded run per engine at the smallest shape pays first-call costs.
     for name, engine in engines.items():
         log(f"warm-up: {name}")
@@ -97,19 +101,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for peer in peers:
                 log(f"prefill {n} tokens: {peer.name} (repeat {repeat + 1}/{repeats})")
                 prefill[peer.name][n].append(peer.prefill_tok_s(prompts[n]))
-        for name, engine in engines.items():
-            log(f"decode: {name} (repeat {repeat + 1}/{repeats})")
-            f = engine_ttft(engine, decode_prompt, DECODE_TOKENS)
-            decode[name].append((f.output_len - 1) / f.timings.decode_s)
-        for peer in peers:
-            log(f"decode: {peer.name} (repeat {repeat + 1}/{repeats})")
-            decode[peer.name].append(peer.decode_tok_s(decode_prompt, DECODE_TOKENS))
+        for kind, ids in decode_prompts.items():
+            for name, engine in engines.items():
+                log(f"decode after {kind} prompt: {name} (repeat {repeat + 1}/{repeats})")
+                f = engine_ttft(engine, ids, DECODE_TOKENS)
+                decode[name][kind].append((f.output_len - 1) / f.timings.decode_s)
+            for peer in peers:
+                log(f"decode after {kind} prompt: {peer.name} (repeat {repeat + 1}/{repeats})")
+                decode[peer.name][kind].append(peer.decode_tok_s(ids, DECODE_TOKENS))
     finish_notes(notes)
     result = {
         "notes": notes,
         "prefill_tok_s": {name: {str(n): median_of(v) for n, v in per.items()}
                           for name, per in prefill.items()},
-        "decode_tok_s": {name: median_of(v) for name, v in decode.items()},
+        "decode_tok_s": {name: median_of(per["short"]) for name, per in decode.items()},
+        "decode_4k_tok_s": {name: median_of(per["4k"]) for name, per in decode.items()},
         "peers_missing": [] if peers or args.no_peers else ["llama.cpp", "openvino-genai"],
     }
     print_table(result, lens)
@@ -117,16 +123,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any], lens: tuple[int, ...]) -> None:
-    base = "radixgate-fp32"
+    # Ratios against fp32 (the reference path) and against OpenVINO GenAI (the closest peer).
+    bases = ["radixgate-fp32"] + [n for n in result["prefill_tok_s"] if n.startswith("openvino")]
     headers = ["engine", *[f"prefill@{n} tok/s" for n in lens], "decode b1 tok/s",
-               f"prefill@{lens[-1]} vs {base}", f"decode vs {base}"]
+               "decode@4k tok/s"]
+    for base in bases:
+        headers += [f"prefill@{lens[-1]} vs {base}", f"decode vs {base}",
+                    f"decode@4k vs {base}"]
     rows = []
     for name, per in result["prefill_tok_s"].items():
         pre = [per[str(n)]["median"] for n in lens]
         dec = result["decode_tok_s"][name]["median"]
-        rows.append([name, *pre, dec,
-                     pre[-1] / result["prefill_tok_s"][base][str(lens[-1])]["median"],
-                     dec / result["decode_tok_s"][base]["median"]])
+        dec4k = result["decode_4k_tok_s"][name]["median"]
+        row = [name, *pre, dec, dec4k]
+        for base in bases:
+            row += [pre[-1] / result["prefill_tok_s"][base][str(lens[-1])]["median"],
+                    dec / result["decode_tok_s"][base]["median"],
+                    dec4k / result["decode_4k_tok_s"][base]["median"]]
+        rows.append(row)
     print(format_table(headers, rows))
     print(load_line(result["notes"]))
 
@@ -144,8 +158,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax1.set(xlabel="prompt tokens", ylabel="prefill tokens/s", title="Cold prefill")
     ax1.legend()
     names = list(result["decode_tok_s"])
-    ax2.bar(names, [result["decode_tok_s"][n]["median"] for n in names])
+    xs = range(len(names))
+    ax2.bar([x - 0.2 for x in xs], [result["decode_tok_s"][n]["median"] for n in names], 0.4,
+            label="short prompt")
+    ax2.bar([x + 0.2 for x in xs], [result["decode_4k_tok_s"][n]["median"] for n in names], 0.4,
+            label=f"after {LONG_DECODE_CONTEXT} tokens")
+    ax2.set_xticks(list(xs), names)
     ax2.set(ylabel="tokens/s", title="Batch-1 decode")
+    ax2.legend()
     ax2.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -25,6 +25,7 @@ from benchmarks.common import (
     THREADS,
     finish_notes,
     format_table,
+    load_default_model,
     load_line,
     log,
     machine_notes,
@@ -33,7 +34,7 @@ from benchmarks.common import (
 )
 from benchmarks.workload import SYSTEM, TOOLS, stdlib_source
 from engine.engine import Engine, EngineConfig
-from engine.models.loader import LoadedModel, load_model
+from engine.models.loader import LoadedModel
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
 
@@ -91,9 +92,12 @@ def decode_tok_s(done: Finished) -> float:
 
 
 def measure(loaded: LoadedModel, repeats: int, with_peer: bool) -> dict[str, Any]:
-    engines = {mode: Engine(loaded, EngineConfig(kv_memory_bytes=512 << 20, spec=mode,
+    # "ungated": drafting on every step (draft_backoff 0), to show what the gate saves.
+    modes = {"none": ("none", 16), "suffix": ("suffix", 16), "ungated": ("suffix", 0)}
+    engines = {name: Engine(loaded, EngineConfig(kv_memory_bytes=512 << 20, spec=spec,
+                                                 draft_backoff=backoff,
                                                  enable_prefix_cache=False))
-               for mode in ("none", "suffix")}
+               for name, (spec, backoff) in modes.items()}
     peer = None
     if with_peer:
         try:
@@ -104,15 +108,18 @@ def measure(loaded: LoadedModel, repeats: int, with_peer: bool) -> dict[str, Any
     results: dict[str, Any] = {}
     for name, (text, max_tokens) in workloads().items():
         ids = loaded.tokenizer.encode(text)
-        samples: dict[str, list[float]] = {"plain": [], "spec": [], "peer": []}
+        samples: dict[str, list[float]] = {"plain": [], "spec": [], "ungated": [], "peer": []}
         accepted_lens = []
         identical = True
         for r in range(repeats):
             plain = decode_run(engines["none"], ids, max_tokens, f"{name}-{r}")
             spec = decode_run(engines["suffix"], ids, max_tokens, f"{name}-{r}")
-            identical &= spec.output_token_ids == plain.output_token_ids
+            ungated = decode_run(engines["ungated"], ids, max_tokens, f"{name}-{r}")
+            identical &= (spec.output_token_ids == plain.output_token_ids
+                          == ungated.output_token_ids)
             samples["plain"].append(decode_tok_s(plain))
             samples["spec"].append(decode_tok_s(spec))
+            samples["ungated"].append(decode_tok_s(ungated))
             # Tokens after the prefill's first one (a stop token counts: it was generated).
             decoded = spec.output_len - 1 + (spec.stop_token_id is not None)
             steps = decoded - spec.num_accepted
@@ -120,12 +127,20 @@ def measure(loaded: LoadedModel, repeats: int, with_peer: bool) -> dict[str, Any
             if peer is not None:
                 samples["peer"].append(peer.decode_tok_s(ids, plain.output_len))
             log(f"{name} #{r}: {plain.output_len} tokens, plain {samples['plain'][-1]:.1f} tok/s,"
-                f" spec {samples['spec'][-1]:.1f} tok/s, accepted {spec.num_accepted}/"
+                f" spec {samples['spec'][-1]:.1f} tok/s (ungated {samples['ungated'][-1]:.1f}),"
+                f" accepted {spec.num_accepted}/"
                 f"{spec.num_drafted} drafted")
         row: dict[str, Any] = {
             "prompt_len": len(ids), "output_len": plain.output_len,
             "plain_tok_s": statistics.median(samples["plain"]),
             "spec_tok_s": statistics.median(samples["spec"]),
+            "ungated_tok_s": statistics.median(samples["ungated"]),
+            # Per-repeat ratios (plain and spec run back to back), then their median: steadier
+            # than a ratio of medians on a shared machine.
+            "speedup_paired": statistics.median(
+                s / p for s, p in zip(samples["spec"], samples["plain"], strict=True) if p),
+            "min_speedup": min(
+                s / p for s, p in zip(samples["spec"], samples["plain"], strict=True) if p),
             "mean_accepted_len": statistics.median(accepted_lens), "identical": identical,
             "output_preview": loaded.tokenizer.decode(plain.output_token_ids)[:160]}
         row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
@@ -139,16 +154,19 @@ def summarise(result: dict[str, Any]) -> None:
     rows = result["workloads"]
     peer = any("openvino_pld_tok_s" in r for r in rows.values())
     headers = ["workload", "prompt", "output", "plain tok/s", "spec tok/s", "speedup",
-               "mean accepted", "identical"] + (["openvino pld tok/s", "spec/pld"] if peer else [])
+               "min speedup", "ungated tok/s", "mean accepted", "identical"]
+    headers += ["openvino pld tok/s", "spec/pld"] if peer else []
     table = []
     for name, r in rows.items():
         line = [name, r["prompt_len"], r["output_len"], r["plain_tok_s"], r["spec_tok_s"],
-                r["speedup"], r["mean_accepted_len"], r["identical"]]
+                r["speedup"], r["min_speedup"], r["ungated_tok_s"], r["mean_accepted_len"],
+                r["identical"]]
         if peer:
             pld = r.get("openvino_pld_tok_s")
             line += [pld, r["spec_tok_s"] / pld if pld else None]
         table.append(line)
-    print("\nSpeculative decoding (trajectory suffix drafter), greedy, batch 1")
+    print(f"\nSpeculative decoding (trajectory suffix drafter), greedy, batch 1, "
+          f"{result['notes'].get('precision', 'fp32')}, medians of {result['repeats']}")
     print(format_table(headers, table))
     print(load_line(result["notes"]))
 
@@ -183,9 +201,10 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
-    loaded = load_model(None)
+    loaded = load_default_model()
     notes = machine_notes(loaded.path)
-    repeats = args.repeats or (1 if args.quick else 3)
+    notes["precision"] = loaded.model.precision_name
+    repeats = args.repeats or (1 if args.quick else 5)
     result = {"notes": notes, "repeats": repeats,
               "workloads": measure(loaded, repeats, with_peer=not args.no_peers)}
     finish_notes(notes)
