@@ -13,7 +13,8 @@ TORCH := torch==2.13.0
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# setup.py builds the C kernel (engine/attention/csrc) in place: a changed kernel reinstalls.
+$(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
@@ -35,7 +36,7 @@ run: install
 	$(VENV)/bin/radixgate serve
 
 bench: install
-	$(PIP) install -q '.[bench]' $(TORCH)
+	$(PIP) install -q -e '.[server,dev,bench]' $(TORCH)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -43,7 +43,7 @@ class EngineConfig:
     max_running: int = 32
     max_batch_tokens: int = 1024  # tokens per step: decodes plus prefill chunks
     enable_prefix_cache: bool = True
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # engine.attention.triton_select.choose_auto_backend
     spec: str = "suffix"  # speculative drafting: "suffix" (trajectory), "draft:<gguf path>", "none"
     max_draft_len: int = 8
     draft_backoff: int = 16  # skip drafting up to this many steps after misses (0: never skip)

@@ -24,8 +24,14 @@ def _torch_sdpa() -> type[PagedAttentionBackend]:
     return TorchSdpaPagedAttention
 
 
+def _cpu() -> type[PagedAttentionBackend]:
+    from engine.attention.cpu_paged import CpuPagedAttention
+
+    return CpuPagedAttention
+
+
 BACKENDS: dict[str, Callable[[], type[PagedAttentionBackend]]] = {
-    "torch": _torch, "torch_sdpa": _torch_sdpa}
+    "torch": _torch, "torch_sdpa": _torch_sdpa, "cpu": _cpu}
 register_gpu_backends(BACKENDS)  # "triton", "flash_attn" and "auto", all imported lazily
 
 

@@ -1,8 +1,8 @@
 """Lazy registry factories for the GPU backends ("triton", "flash_attn") and the "auto" choice.
 
 Nothing here imports triton or flash_attn until a backend is asked for by name.
-"auto": flash_attn if it imports and CUDA is present, else triton on CUDA, else torch; the
-choice is logged once per process.
+"auto": flash_attn if it imports and CUDA is present, else triton on CUDA, else the "cpu"
+kernel where it was built, else torch; the choice is logged once per process.
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def choose_auto_backend() -> str:
     elif torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
         name, why = "triton", "CUDA is present, flash_attn is not"
     else:
-        name, why = "torch", "no CUDA device"
+        from engine.attention.cpu_paged import kernel
+
+        name, why = ("cpu", "no CUDA device, the CPU kernel is built") if kernel() is not None \
+            else ("torch", "no CUDA device, the CPU kernel is not built")
     logger.info("attention backend auto -> %s (%s)", name, why)
     return name
 
