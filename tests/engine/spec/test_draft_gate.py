@@ -23,20 +23,21 @@ def skipped_steps(gate: DraftGate, request_id: str) -> int:
 
 
 def test_misses_double_the_backoff_up_to_max_and_a_hit_resets_it() -> None:
-    gate = DraftGate(DraftGateConfig(max_skip=8))
+    gate = DraftGate(DraftGateConfig(max_skip=8, patience=3))
     assert gate.allow("r")  # nothing observed yet: draft
     skips = []
-    for _ in range(6):
+    for _ in range(8):
         gate.observe("r", 4, 0)
         gate.check_invariants()
         skips.append(skipped_steps(gate, "r"))
-    assert skips == [1, 2, 4, 8, 8, 8]
+    assert skips == [0, 0, 1, 2, 4, 8, 8, 8]  # two misses skip nothing (patience 3)
     gate.observe("r", 0, 0)  # an empty lookup is a miss too
     assert skipped_steps(gate, "r") == 8
     gate.observe("r", 4, 1)
     assert gate.allow("r")
-    gate.observe("r", 4, 0)
-    assert skipped_steps(gate, "r") == 1  # the backoff starts again from one step
+    for _ in range(3):
+        gate.observe("r", 4, 0)
+    assert skipped_steps(gate, "r") == 1  # the backoff starts again after `patience` misses
     assert gate.num_skipped == 1 + 2 + 4 + 8 * 4 + 1
     gate.forget("r")
     gate.check_invariants()
