@@ -64,8 +64,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-draft-len", type=int, default=8,
                         help="most draft tokens verified per request per step")
     parser.add_argument("--draft-backoff", type=int, default=16, metavar="N",
-                        help="after drafts that miss, skip drafting for up to N decode steps "
-                             "(doubling from 1; an accepted token resets it). 0: draft every step")
+                        help="after 4 drafts in a row that miss, skip drafting for 1, 2, 4 .. N "
+                             "decode steps (an accepted token resets it). 0: draft every step")
 
 
 def add_disagg_args(parser: argparse.ArgumentParser) -> None:

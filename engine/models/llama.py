@@ -71,15 +71,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 @dataclass(frozen=True)
 class MixedPrecision:
-    """Forwards of at least `min_rows` rows (prefill chunks, draft verification) run their linear
-    layers in `dtype`; smaller ones (decode) run them in the model's dtype. Norms, rotary,
-    attention, the residual stream and the KV pool stay in the model's dtype, so both kinds of
-    step read and write one pool. `min_rows` is where the lower-precision GEMM starts to win on
-    the CPU (benchmarks/model_speed.py measures it)."""
+    """Forwards of at least `min_rows` rows run their linear layers in `dtype`; smaller ones run
+    them in the model's dtype (with the default min_rows of 1, every forward uses `dtype`).
+    Norms, rotary, attention, the residual stream and the KV pool stay in the model's dtype, so
+    every step reads and writes one pool. `min_rows` is where the lower-precision GEMM starts
+    to win on the CPU (benchmarks/model_speed.py measures it)."""
 
     dtype: torch.dtype = torch.bfloat16
     # 1: decode too. With bf16 dot-product instructions a bf16 projection reads half the bytes
-    # and is faster even for one row (model_speed: decode 1.2-1.8x fp32's on this machine).
+    # and is faster even for one row (engine decode 64-90 vs 49-71 tok/s fp32 on an AVX512-BF16
+    # CPU; min_rows 8, fp32 decode, was no faster than fp32).
     min_rows: int = 1
     # The lm_head in `dtype` too (for every step): the largest single weight read per decode
     # step, so the biggest bandwidth saving, and the one that moves logits the most.
@@ -130,7 +131,8 @@ class LlamaModel:
 
     @property
     def precision_name(self) -> str:
-        """"fp32", "bf16", or "bf16+fp32" (extends in bf16, decode in fp32) for logs and stats."""
+        """"fp32", "bf16", or "bf16+fp32" (projections in bf16 from `mixed.min_rows` rows on,
+        everything else in fp32) for logs and stats."""
         names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
         base = names.get(self.dtype, str(self.dtype))
         if self._extend_layers is None or self.mixed is None:
