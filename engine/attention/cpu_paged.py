@@ -39,34 +39,62 @@ def kernel() -> ModuleType | None:
         return None
 
 
+def _rows_of(t: torch.Tensor) -> int:
+    """Elements between rows of a (rows, heads, dim) tensor whose heads and dims are dense;
+    -1 when they are not."""
+    if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+        return -1
+    return t.stride(0)
+
+
 def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
                     pages: torch.Tensor, page_starts: torch.Tensor, context_lens: torch.Tensor,
-                    row_starts: torch.Tensor, page_size: int, split_len: int) -> torch.Tensor:
+                    row_starts: torch.Tensor, page_size: int, split_len: int,
+                    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                    ) -> torch.Tensor:
     """Sequences of few query rows over their paged context. q: (R, Hq, D), sequence s owning
     rows [row_starts[s], row_starts[s + 1]), the last rows of its context_lens[s] tokens (row t
     of T sees positions <= context_len - T + t); flat_k, flat_v: (num_slots, Hkv, D) fp32 or
     bf16, one layer of the pool; pages: every sequence's page ids concatenated, sequence s's
-    from page_starts[s]. All index tensors int64 on the CPU. -> (R, Hq, D) in q's dtype."""
+    from page_starts[s]. All index tensors int64 on the CPU. -> (R, Hq, D) in q's dtype.
+
+    `new_kv` = (k, v, slots): the step's new K/V rows ((N, Hkv, D), the pool's dtype, rows may
+    be strided, e.g. views of a fused qkv) are first written to their slots (int64 (N,)), in
+    the same call."""
     ext = kernel()
     assert ext is not None, "paged_attention needs the built extension"
     num_heads, head_dim = q.shape[1], q.shape[2]
-    q32 = q.detach().to(torch.float32).contiguous()
-    out = torch.empty_like(q32)
+    q32 = q.detach()
+    if q32.dtype != torch.float32 or _rows_of(q32) < 0:
+        q32 = q32.to(torch.float32).contiguous()
+    out = torch.empty(q32.shape, dtype=torch.float32)
+    new_k_ptr = new_v_ptr = slots_ptr = new_stride = num_new = 0
+    if new_kv is not None:
+        new_k, new_v, slots = new_kv
+        new_stride = _rows_of(new_k)
+        if (new_stride < 0 or _rows_of(new_v) != new_stride or new_k.dtype != flat_k.dtype
+                or new_v.dtype != flat_k.dtype or slots.dtype != torch.int64):
+            flat_k[slots] = new_k
+            flat_v[slots] = new_v
+        else:
+            new_k_ptr, new_v_ptr, slots_ptr = new_k.data_ptr(), new_v.data_ptr(), slots.data_ptr()
+            num_new = slots.shape[0]
     ext.paged_attention(
         q32.data_ptr(), flat_k.data_ptr(), flat_v.data_ptr(), out.data_ptr(), pages.data_ptr(),
         page_starts.data_ptr(), context_lens.data_ptr(), row_starts.data_ptr(),
         len(context_lens), num_heads, flat_k.shape[1], head_dim, page_size, split_len,
-        flat_k.dtype == torch.bfloat16, head_dim**-0.5, torch.get_num_threads())
-    return out.to(q.dtype)
+        flat_k.dtype == torch.bfloat16, head_dim**-0.5, torch.get_num_threads(),
+        _rows_of(q32), new_k_ptr, new_v_ptr, slots_ptr, new_stride, num_new)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
 class CpuPagedAttention:
     name = "cpu"
-    # Sequences with at most this many rows in the step go to the kernel; longer extends use the
-    # flash path. The kernel computes verification rows (1 + k) exactly too (the tests run it
-    # with 16), but scores them one dot product per row and position, compute-bound at 9 rows:
-    # 0.6-0.85x of the flash path's GEMMs (benchmarks/attention_speed.py), so only decodes.
-    max_kernel_rows = 1
+    # Sequences with at most this many rows in the step go to the kernel (decodes and draft
+    # verifications of up to 15 drafts); longer extends use the flash path's GEMMs. At 9 rows
+    # the kernel is 1.4-2.5x faster than the torch path at 1k-7.5k context (2 AVX2 cores,
+    # benchmarks/attention_speed.py).
+    max_kernel_rows = 16
     # Context positions per work item: enough items to keep every thread busy at batch 1
     # (Hkv * context / split_len), few enough that merging them costs little.
     split_len = 256
@@ -112,10 +140,11 @@ class CpuPagedAttention:
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         flat_k, flat_v = self.pool.flat_k(layer_idx), self.pool.flat_v(layer_idx)
+        if self.short_items and not self.long_items:
+            # One call stores the new K/V and attends (a decode step: no torch op at all).
+            return self._kernel(q, flat_k, flat_v, (k, v, self.batch.slot_mapping))
         flat_k[self.batch.slot_mapping] = k
         flat_v[self.batch.slot_mapping] = v
-        if self.short_items and not self.long_items:
-            return self._kernel(q, flat_k, flat_v)
         out = torch.empty_like(q)
         for i in self.long_items:
             start, end = self.row_starts[i], self.row_starts[i + 1]
@@ -125,6 +154,8 @@ class CpuPagedAttention:
             out[self.short_rows] = self._kernel(q[self.short_rows], flat_k, flat_v)
         return out
 
-    def _kernel(self, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor) -> torch.Tensor:
+    def _kernel(self, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
+                new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
         return paged_attention(q, flat_k, flat_v, self.pages, self.page_starts, self.context_lens,
-                               self.kernel_row_starts, self.page_size, self.split_len)
+                               self.kernel_row_starts, self.page_size, self.split_len, new_kv)

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE 16         /* positions scored at a time */
+#define TILE 64         /* positions scored at a time */
 #define MAX_HEAD_DIM 256
 
 /* e^x for x <= 0 in a form the compiler vectorizes (glibc's expf does not): 2^(x log2 e) split
@@ -39,32 +39,196 @@ static inline float exp_nonpos(float x) {
 typedef struct {
     const void *k, *v;    /* a layer of the pool: (num_slots, num_kv_heads, head_dim) */
     int bf16;             /* pool dtype: 0 fp32, 1 bf16 */
-    const float *q;       /* (num_rows, num_heads, head_dim) */
+    const float *q;       /* (num_rows, num_heads, head_dim), rows q_stride floats apart */
     float *out;           /* (num_rows, num_heads, head_dim) */
     const int64_t *pages; /* page ids of all sequences, concatenated */
     const int64_t *page_starts, *context_lens, *row_starts; /* per sequence (+1 for rows) */
-    int64_t num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len;
+    int64_t num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len, q_stride;
     float scale;
 } Args;
 
-/* Rows [0, n) of one KV head from `slot` on, as fp32 rows `*stride` floats apart: the pool
- * itself for fp32, else converted into `buf`. */
-static const float *kv_rows(const Args *a, const void *base, int64_t slot, int64_t h, int n,
-                            float *buf, int64_t *stride) {
-    int64_t d_len = a->head_dim, off = (slot * a->num_kv_heads + h) * d_len;
-    int64_t pool_stride = a->num_kv_heads * d_len;
-    if (!a->bf16) {
-        *stride = pool_stride;
-        return (const float *)base + off;
-    }
-    for (int j = 0; j < n; j++) {
-        const uint16_t *src = (const uint16_t *)base + off + j * pool_stride;
-        uint32_t *dst = (uint32_t *)(buf + j * d_len);
+/* rows[j]: the fp32 K or V row of KV head `h` at position p0 + j of a sequence (its page ids
+ * `pages`), j < n: the pool's own row for fp32, else the row converted into `buf`. */
+static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64_t h, int64_t p0,
+                    int n, float *buf, const float **rows) {
+    int64_t d_len = a->head_dim, stride = a->num_kv_heads * d_len;
+    for (int j = 0; j < n;) {
+        /* One division per page, not per position (64-bit division costs ~40 cycles). */
+        int64_t pos = p0 + j, in_page = pos % a->page_size;
+        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
+        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
+                       + h) * d_len;
+        for (int64_t i = 0; i < run; i++, j++, off += stride) {
+            if (!a->bf16) {
+                rows[j] = (const float *)base + off;
+                continue;
+            }
+            const uint16_t *src = (const uint16_t *)base + off;
+            uint32_t *dst = (uint32_t *)(buf + j * d_len);
 #pragma omp simd
-        for (int64_t d = 0; d < d_len; d++) dst[d] = (uint32_t)src[d] << 16;
+            for (int64_t d = 0; d < d_len; d++) dst[d] = (uint32_t)src[d] << 16;
+            rows[j] = buf + j * d_len;
+        }
     }
-    *stride = d_len;
-    return buf;
+}
+
+/* Asks the cache for the K and V rows of KV head `h` at positions [p0, p0 + n): the tile after
+ * the one being computed, whose pages are anywhere in the pool (no hardware prefetcher can
+ * follow a page table). */
+static void prefetch_tile(const Args *a, const int64_t *pages, int64_t h, int64_t p0, int n) {
+    int64_t elem = a->bf16 ? 2 : 4, row_bytes = a->head_dim * elem;
+    int64_t stride = a->num_kv_heads * a->head_dim;
+    for (int j = 0; j < n;) {
+        int64_t pos = p0 + j, in_page = pos % a->page_size;
+        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
+        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
+                       + h) * a->head_dim;
+        for (int64_t i = 0; i < run; i++, j++, off += stride) {
+            for (int64_t b = 0; b < row_bytes; b += 64) {
+                __builtin_prefetch((const char *)a->k + off * elem + b);
+                __builtin_prefetch((const char *)a->v + off * elem + b);
+            }
+        }
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define PA_AVX2 1
+
+/* [sum(a[0]), .., sum(a[7])]: eight horizontal sums at once. */
+static inline __m256 sum8(const __m256 a[8]) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+
+/* exp_nonpos on eight lanes: the same steps and constants, so the same values. */
+static inline __m256 exp8_nonpos(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f));
+    __m256 fi = _mm256_floor_ps(t);
+    __m256 y = _mm256_mul_ps(_mm256_sub_ps(t, fi), _mm256_set1_ps(0.6931471805599453f));
+    __m256 p = _mm256_set1_ps(1.9841270e-4f);
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.3888889e-3f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(8.3333333e-3f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(4.1666667e-2f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.6666667e-1f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvttps_epi32(fi), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+/* p[j] = e^(p[j] - top) for j < n; returns their sum. */
+static float exp_shifted(float *p, int n, float top) {
+    int j = 0;
+    float sum = 0.0f;
+#ifdef PA_AVX2
+    __m256 vsum = _mm256_setzero_ps(), vtop = _mm256_set1_ps(top);
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(p + j), vtop));
+        _mm256_storeu_ps(p + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vsum);
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+#endif
+    for (; j < n; j++) {
+        p[j] = exp_nonpos(p[j] - top);
+        sum += p[j];
+    }
+    return sum;
+}
+
+/* s[j] = q . k[j] for j < n (d_len floats each). Eight positions at a time accumulate in eight
+ * vectors that one transpose-add reduces (no horizontal sum per position). */
+static void scores(const float *q, const float *const *k, int n, int64_t d_len, float *s) {
+    int j = 0;
+#ifdef PA_AVX2
+    if (d_len % 8 == 0) {
+        for (; j + 8 <= n; j += 8) {
+            __m256 acc[8];
+            const float *kj[8];
+            for (int i = 0; i < 8; i++) {
+                acc[i] = _mm256_setzero_ps();
+                kj[i] = k[j + i];
+            }
+            for (int64_t d = 0; d < d_len; d += 8) {
+                __m256 qv = _mm256_loadu_ps(q + d);
+                for (int i = 0; i < 8; i++)
+                    acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj[i] + d), acc[i]);
+            }
+            _mm256_storeu_ps(s + j, sum8(acc));
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        const float *kr = k[j];
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < d_len; d++) dot += q[d] * kr[d];
+        s[j] = dot;
+    }
+}
+
+/* acc = acc * corr + sum_j p[j] v[j] over n positions. 64 floats of acc at a time stay in
+ * eight registers across all the positions: eight independent FMA chains, not one. */
+static void accumulate(float *acc, float corr, const float *p, const float *const *v, int n,
+                       int64_t d_len) {
+    int64_t d = 0;
+#ifdef PA_AVX2
+    __m256 c = _mm256_set1_ps(corr);
+    for (; d + 64 <= d_len; d += 64) {
+        __m256 x[8];
+        for (int i = 0; i < 8; i++) x[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * i), c);
+        for (int j = 0; j < n; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vj = v[j] + d;
+            for (int i = 0; i < 8; i++) x[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), x[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + d + 8 * i, x[i]);
+    }
+    for (; d + 8 <= d_len; d += 8) {
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(acc + d), c);
+        for (int j = 0; j < n; j++)
+            x = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + d), x);
+        _mm256_storeu_ps(acc + d, x);
+    }
+#endif
+    for (; d < d_len; d++) {
+        float x = acc[d] * corr;
+        for (int j = 0; j < n; j++) x += p[j] * v[j][d];
+        acc[d] = x;
+    }
+}
+
+/* p[j] *= scale for j < n; returns the largest of them and `top`. */
+static float scale_max(float *p, int n, float scale, float top) {
+    int j = 0;
+#ifdef PA_AVX2
+    __m256 vs = _mm256_set1_ps(scale), vtop = _mm256_set1_ps(top);
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + j), vs);
+        _mm256_storeu_ps(p + j, x);
+        vtop = _mm256_max_ps(vtop, x);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vtop);
+    for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+#endif
+    for (; j < n; j++) {
+        p[j] *= scale;
+        top = p[j] > top ? p[j] : top;
+    }
+    return top;
 }
 
 /* One work item: query rows r = (g, t) of KV head `h` of sequence `s` over positions
@@ -76,55 +240,31 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
     int64_t ctx = a->context_lens[s], num_r = group * t_len;
     const int64_t *pages = a->pages + a->page_starts[s];
     float kbuf[TILE * MAX_HEAD_DIM], vbuf[TILE * MAX_HEAD_DIM], p[TILE];
+    const float *krows[TILE], *vrows[TILE];
     for (int64_t r = 0; r < num_r; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
         memset(acc + r * d_len, 0, (size_t)d_len * sizeof(float));
     }
-    for (int64_t p0 = lo; p0 < hi;) {
-        /* A tile never crosses a page, so its slots are contiguous. */
-        int64_t room = a->page_size - p0 % a->page_size, left = hi - p0;
-        int n = (int)(left < room ? left : room);
-        n = n < TILE ? n : TILE;
-        int64_t slot = pages[p0 / a->page_size] * a->page_size + p0 % a->page_size;
-        int64_t ks, vs;
-        const float *kt = kv_rows(a, a->k, slot, h, n, kbuf, &ks);
-        const float *vt = kv_rows(a, a->v, slot, h, n, vbuf, &vs);
+    for (int64_t p0 = lo; p0 < hi; p0 += TILE) {
+        int n = (int)(hi - p0 < TILE ? hi - p0 : TILE);
+        if (p0 + n < hi) prefetch_tile(a, pages, h, p0 + n, (int)(hi - p0 - n < TILE ? hi - p0 - n : TILE));
+        kv_tile(a, a->k, pages, h, p0, n, kbuf, krows);
+        kv_tile(a, a->v, pages, h, p0, n, vbuf, vrows);
         for (int64_t r = 0; r < num_r; r++) {
             int64_t g = r / t_len, t = r % t_len;
             /* Row t sees positions < ctx - t_len + t + 1 (causal among the new rows). */
             int64_t visible = ctx - t_len + t + 1 - p0;
             int nv = (int)(visible < n ? visible : n);
             if (nv <= 0) continue;
-            const float *qr = a->q + ((row0 + t) * a->num_heads + h * group + g) * d_len;
-            float top = m[r];
-            for (int j = 0; j < nv; j++) {
-                const float *kr = kt + j * ks;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int64_t d = 0; d < d_len; d++) dot += qr[d] * kr[d];
-                p[j] = dot * a->scale;
-                top = p[j] > top ? p[j] : top;
-            }
-            float corr = exp_nonpos(m[r] - top), sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < nv; j++) {
-                p[j] = exp_nonpos(p[j] - top);
-                sum += p[j];
-            }
-            float *ar = acc + r * d_len;
+            const float *qr = a->q + (row0 + t) * a->q_stride + (h * group + g) * d_len;
+            scores(qr, krows, nv, d_len, p);
+            float top = scale_max(p, nv, a->scale, m[r]);
+            float corr = exp_nonpos(m[r] - top), sum = exp_shifted(p, nv, top);
             l[r] = l[r] * corr + sum;
             m[r] = top;
-#pragma omp simd
-            for (int64_t d = 0; d < d_len; d++) ar[d] *= corr;
-            for (int j = 0; j < nv; j++) {
-                const float *vr = vt + j * vs;
-                float pj = p[j];
-#pragma omp simd
-                for (int64_t d = 0; d < d_len; d++) ar[d] += pj * vr[d];
-            }
+            accumulate(acc + r * d_len, corr, p, vrows, nv, d_len);
         }
-        p0 += n;
     }
 }
 
@@ -197,27 +337,45 @@ static int run(const Args *a, int num_threads) {
     return 0;
 }
 
+/* Writes the new tokens' K and V rows (num_new rows, `new_stride` elements apart, the pool's
+ * dtype) into their slots of one layer of the pool. */
+static void store_new(const Args *a, const void *new_k, const void *new_v, int64_t new_stride,
+                      const int64_t *slots, int64_t num_new) {
+    size_t elem = a->bf16 ? 2 : 4, row = (size_t)(a->num_kv_heads * a->head_dim);
+    for (int64_t i = 0; i < num_new; i++) {
+        size_t dst = (size_t)slots[i] * row * elem, src = (size_t)(i * new_stride) * elem;
+        memcpy((char *)a->k + dst, (const char *)new_k + src, row * elem);
+        memcpy((char *)a->v + dst, (const char *)new_v + src, row * elem);
+    }
+}
+
 static PyObject *paged_attention(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long q, k, v, out, pages, page_starts, context_lens, row_starts;
-    long long num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len;
+    unsigned long long new_k, new_v, slots;
+    long long num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len, q_stride;
+    long long new_stride, num_new;
     int bf16, num_threads;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfi", &q, &k, &v, &out, &pages, &page_starts,
-                          &context_lens, &row_starts, &num_seqs, &num_heads, &num_kv_heads,
-                          &head_dim, &page_size, &split_len, &bf16, &scale, &num_threads))
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLL", &q, &k, &v, &out, &pages,
+                          &page_starts, &context_lens, &row_starts, &num_seqs, &num_heads,
+                          &num_kv_heads, &head_dim, &page_size, &split_len, &bf16, &scale,
+                          &num_threads, &q_stride, &new_k, &new_v, &slots, &new_stride,
+                          &num_new))
         return NULL;
     if (head_dim > MAX_HEAD_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
-        page_size <= 0 || split_len <= 0 || num_threads <= 0) {
+        page_size <= 0 || split_len <= 0 || num_threads <= 0 || num_new < 0) {
         PyErr_SetString(PyExc_ValueError, "paged_attention: unsupported shape");
         return NULL;
     }
     Args a = {(const void *)k, (const void *)v, bf16, (const float *)q, (float *)out,
               (const int64_t *)pages, (const int64_t *)page_starts,
               (const int64_t *)context_lens, (const int64_t *)row_starts, num_seqs, num_heads,
-              num_kv_heads, head_dim, page_size, split_len, scale};
+              num_kv_heads, head_dim, page_size, split_len, q_stride, scale};
     int rc;
     Py_BEGIN_ALLOW_THREADS
+    store_new(&a, (const void *)new_k, (const void *)new_v, new_stride, (const int64_t *)slots,
+              num_new);
     rc = run(&a, num_threads);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
@@ -227,11 +385,13 @@ static PyObject *paged_attention(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"paged_attention", paged_attention, METH_VARARGS,
      "paged_attention(q, k, v, out, pages, page_starts, context_lens, row_starts, num_seqs, "
-     "num_heads, num_kv_heads, head_dim, page_size, split_len, bf16, scale, num_threads): "
-     "data pointers of contiguous CPU buffers; see engine/attention/cpu_paged.py"},
+     "num_heads, num_kv_heads, head_dim, page_size, split_len, bf16, scale, num_threads, "
+     "q_stride, new_k, new_v, slots, new_stride, num_new): data pointers of CPU buffers; "
+     "new_k/new_v rows are stored into their slots first; see engine/attention/cpu_paged.py"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged_cpu", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged_cpu", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__paged_cpu(void) { return PyModule_Create(&module); }

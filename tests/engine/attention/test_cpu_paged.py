@@ -89,6 +89,30 @@ def test_cpu_kernel_equals_reference(dtype: torch.dtype, heads: tuple[int, int, 
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_stores_strided_rows_of_a_fused_qkv(dtype: torch.dtype) -> None:
+    """q, k and v as views of one fused qkv row (the packed forward's layout): the kernel
+    writes k/v into the pool and reads q in place, as the reference does after copies."""
+    rng = random.Random(3)
+    cfg = config(9, 3, 64)
+    layout = KVLayout(num_pages=256, page_size=16, bytes_per_page=0)
+    pool, ref_pool = KVPool(cfg, layout, dtype), KVPool(cfg, layout, dtype)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    ref_pool.k[0].copy_(pool.k[0])
+    ref_pool.v[0].copy_(pool.v[0])
+    batch = make_batch(pool, [1, 9, 1], [100, 300, 17], rng)
+    qkv = torch.randn(11, cfg.q_size + 2 * cfg.kv_size).to(dtype)
+    q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q, k, v = q.view(11, 9, 64), k.view(11, 3, 64), v.view(11, 3, 64)
+    got = CpuPagedAttention(pool, batch)(0, q, k, v)
+    want = TorchSdpaPagedAttention(ref_pool, batch)(0, q.contiguous(), k.contiguous(),
+                                                     v.contiguous())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    assert torch.equal(pool.k[0], ref_pool.k[0]) and torch.equal(pool.v[0], ref_pool.v[0])
+
+
 @pytest.mark.parametrize("max_kernel_rows", [1, 16])
 def test_cpu_backend_greedy_equals_reference_with_drafting(
         tiny: LoadedModel, max_kernel_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
