@@ -13,8 +13,9 @@ TORCH := torch==2.13.0
 
 install: $(STAMP)
 
-# setup.py builds the C kernel (engine/attention/csrc) in place: a changed kernel reinstalls.
-$(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c
+# setup.py builds the C kernels (engine/*/csrc) in place: a changed kernel reinstalls.
+$(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c engine/models/csrc/qlinear_cpu.c \
+		engine/models/csrc/rowops_cpu.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)

@@ -1,18 +1,26 @@
-"""The one compiled part: the CPU paged-attention kernel (engine/attention/csrc/paged_cpu.c).
+"""The compiled parts: the CPU paged-attention kernel (engine/attention/csrc/paged_cpu.c), the
+linear layers over packed GGUF weights (engine/models/csrc/qlinear_cpu.c) and the elementwise
+steps of a decode-sized forward (engine/models/csrc/rowops_cpu.c).
 
-Everything else is in pyproject.toml. pip builds the extension from source on the machine that
-installs it, for that machine's CPU (-march=native, as llama.cpp's GGML_NATIVE does). It needs
-no torch headers, only a C compiler with OpenMP; without one the install still succeeds
-(`optional`) and the engine uses its torch attention path, saying so at startup.
+Everything else is in pyproject.toml. pip builds the extensions from source on the machine that
+installs them, for that machine's CPU (-march=native, as llama.cpp's GGML_NATIVE does). They
+need no torch headers, only a C compiler with OpenMP; without one the install still succeeds
+(`optional`) and the engine uses its torch paths, saying so at startup.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "engine.attention._paged_cpu",
-    sources=["engine/attention/csrc/paged_cpu.c"],
-    # No -ffast-math: it would switch the whole process to flush-to-zero.
-    extra_compile_args=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11"],
-    extra_link_args=["-fopenmp"],
-    optional=True,
-)])
+# No -ffast-math: it would switch the whole process to flush-to-zero.
+COMPILE_ARGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11"]
+
+
+def extension(name: str, source: str) -> Extension:
+    return Extension(name, sources=[source], extra_compile_args=COMPILE_ARGS,
+                     extra_link_args=["-fopenmp"], optional=True)
+
+
+setup(ext_modules=[
+    extension("engine.attention._paged_cpu", "engine/attention/csrc/paged_cpu.c"),
+    extension("engine.models._qlinear_cpu", "engine/models/csrc/qlinear_cpu.c"),
+    extension("engine.models._rowops_cpu", "engine/models/csrc/rowops_cpu.c"),
+])

@@ -28,6 +28,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="weight and compute dtype; mixed: bf16 projections over fp32 "
                              "norms, attention, lm_head and KV; auto: bf16 on CUDA, mixed on a "
                              "CPU with bf16 instructions (AVX512-BF16/AMX), else fp32")
+    parser.add_argument("--no-packed-weights", action="store_true",
+                        help="decode and verify with the dense fp32 weights (the reference) "
+                             "instead of reading the GGUF's own Q4_0/Q4_1/Q8_0 codes, which "
+                             "are the same values at 4.5-8.5 bits a weight")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice)")
 
@@ -119,7 +123,7 @@ def _load(args: argparse.Namespace) -> LoadedModel:
     dtype = args.dtype
     if dtype == "auto":
         dtype = default_dtype(getattr(args, "device", "cpu"))
-    return load_model(args.model, dtype)
+    return load_model(args.model, dtype, packed=not args.no_packed_weights)
 
 
 def _engine_tokens(engine: Engine, prompt_ids: list[int], params: SamplingParams,

@@ -68,6 +68,8 @@ def reference_stream(
     """
     if not prompt_ids:
         raise ValueError("prompt_ids must not be empty")
+    # The dense weights on every step: packed decode weights are an optimisation under test.
+    model = model.with_packed(None)
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_len = len(prompt_ids)
     stop_ids = set(params.stop_token_ids)

@@ -86,6 +86,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
         argv.append("--no-prefix-cache")
     if args.no_cuda_graphs:
         argv.append("--no-cuda-graphs")
+    if args.no_packed_weights:
+        argv.append("--no-packed-weights")
     return argv
 
 

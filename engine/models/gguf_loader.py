@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModel
-from engine.models.llama import LayerWeights, LlamaWeights
+from engine.models.llama import LayerWeights, LlamaWeights, PackedDecode, Weight
+from engine.models.quant import concat, pack_ggml
 
 
 def read_metadata(reader: GGUFReader) -> dict[str, Any]:
@@ -99,3 +100,38 @@ def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True) -> 
     lm_head = embed if config.tie_word_embeddings else get("output.weight")
     progress.close()
     return config, LlamaWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+
+
+def load_packed(path: Path, config: ModelConfig, dense: LlamaWeights) -> PackedDecode | None:
+    """The projections and lm_head of a GGUF as their own quantised codes (exactly the values
+    `load_gguf` dequantises), for few-row forwards. A projection in a type the kernel does not
+    read (F16, K-quants, ...) keeps its dense tensor from `dense`; None when none is packed."""
+    reader = GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def packed(names: list[str], heads: list[int | None], fallback: Weight) -> Weight:
+        parts = []
+        for name, num_heads in zip(names, heads, strict=True):
+            t = tensors[name]
+            part = pack_ggml(t.tensor_type, t.data)
+            if part is None:
+                return fallback
+            if num_heads is not None:  # the Q/K row permutation of `unpermute_qk`
+                part = part.rows(unpermute_qk(torch.arange(part.shape[0]), num_heads))
+            parts.append(part)
+        return concat(parts) or fallback
+
+    layers = []
+    for i, layer in enumerate(dense.layers):
+        p = f"blk.{i}."
+        layers.append(LayerWeights(
+            attn_norm=layer.attn_norm, qkv_bias=layer.qkv_bias, ffn_norm=layer.ffn_norm,
+            qkv=packed([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                       [config.num_heads, config.num_kv_heads, None], layer.qkv),
+            o=packed([p + "attn_output.weight"], [None], layer.o),
+            gate_up=packed([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None],
+                           layer.gate_up),
+            down=packed([p + "ffn_down.weight"], [None], layer.down)))
+    head_name = "token_embd.weight" if config.tie_word_embeddings else "output.weight"
+    result = PackedDecode(tuple(layers), packed([head_name], [None], dense.lm_head))
+    return result if result.nbytes > 0 else None

@@ -15,6 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from engine.models import rowops
+from engine.models.packed_forward import packed_forward
+from engine.models.quant import PackedWeight, qlinear
+
+# A projection's weight: a dense tensor, or the GGUF's own quantised codes (few-row forwards).
+Weight = torch.Tensor | PackedWeight
 
 
 class AttentionFn(Protocol):
@@ -29,12 +35,12 @@ class AttentionFn(Protocol):
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # (hidden,)
-    qkv: torch.Tensor  # (q_size + 2 * kv_size, hidden): q, k, v projections fused into one GEMM
+    qkv: Weight  # (q_size + 2 * kv_size, hidden): q, k, v projections fused into one GEMM
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # (hidden, q_size)
+    o: Weight  # (hidden, q_size)
     ffn_norm: torch.Tensor
-    gate_up: torch.Tensor  # (2 * intermediate, hidden): gate and up fused into one GEMM
-    down: torch.Tensor  # (hidden, intermediate)
+    gate_up: Weight  # (2 * intermediate, hidden): gate and up fused into one GEMM
+    down: Weight  # (hidden, intermediate)
 
 
 @dataclass
@@ -62,8 +68,11 @@ def rotary_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` computed in the weight's dtype, returned in `x`'s dtype."""
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` computed in the weight's dtype (fp32 for packed codes), returned in
+    `x`'s dtype."""
+    if isinstance(weight, PackedWeight):
+        return qlinear(x, weight, bias).to(x.dtype)
     if weight.dtype == x.dtype:
         return F.linear(x, weight, bias)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
@@ -87,6 +96,27 @@ class MixedPrecision:
     lm_head: bool = False
 
 
+@dataclass(frozen=True)
+class PackedDecode:
+    """Forwards of at most `max_rows` rows (decodes, draft verifications) take their projections
+    from `layers` and their logits from `lm_head`: weights packed from the GGUF's own quantised
+    blocks (engine.models.quant), the same values as the dense fp32 ones, read at 4.5-8.5 bits
+    instead of 32. A projection the kernel cannot read stays the dense tensor."""
+
+    layers: tuple[LayerWeights, ...]
+    lm_head: Weight
+    # Where the kernel stops beating the fp32 GEMM on 2 AVX2 cores: each row adds its FMAs to
+    # one unpacking of the codes; the GEMM's cost is reading the weights (tests/bench: quant).
+    max_rows: int = 16
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weights (dense fallbacks not counted)."""
+        weights = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up,
+                                                         layer.down)] + [self.lm_head]
+        return sum(w.nbytes for w in weights if isinstance(w, PackedWeight))
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (N, heads, head_dim); cos/sin: (N, 1, head_dim)."""
     half = x.shape[-1] // 2
@@ -98,12 +128,15 @@ class LlamaModel:
     """Weights plus the forward pass. Stateless across calls: all KV state lives in the backend."""
 
     def __init__(self, config: ModelConfig, weights: LlamaWeights, dtype: torch.dtype,
-                 mixed: MixedPrecision | None = None) -> None:
+                 mixed: MixedPrecision | None = None, packed: PackedDecode | None = None) -> None:
         self.config = config
         self.weights = weights
         self.dtype = dtype
         self.device = weights.embed.device
         self.mixed = mixed
+        # The packing kernel runs on the CPU, in fp32; a model moved to CUDA drops it.
+        self.packed = packed if self.device.type == "cpu" and dtype == torch.float32 else None
+        self._packed_layers = self.packed.layers if self.packed is not None else None
         # Copies of the linear weights in the extend dtype; the fp32 ones remain for decode.
         self._extend_layers = ([_cast_linears(layer, mixed.dtype) for layer in weights.layers]
                                if mixed is not None and mixed.dtype != dtype else None)
@@ -123,11 +156,15 @@ class LlamaModel:
         embed = w.embed.to(device)
         lm_head = embed if w.lm_head is w.embed else w.lm_head.to(device)
         return LlamaModel(self.config, LlamaWeights(embed, layers, w.norm.to(device), lm_head),
-                          self.dtype, self.mixed)
+                          self.dtype, self.mixed, self.packed)
 
     def with_mixed_precision(self, mixed: MixedPrecision | None) -> LlamaModel:
         """The same weights with extends in `mixed.dtype` (None: every step in `self.dtype`)."""
-        return LlamaModel(self.config, self.weights, self.dtype, mixed)
+        return LlamaModel(self.config, self.weights, self.dtype, mixed, self.packed)
+
+    def with_packed(self, packed: PackedDecode | None) -> LlamaModel:
+        """The same weights with few-row forwards on `packed` (None: the dense reference)."""
+        return LlamaModel(self.config, self.weights, self.dtype, self.mixed, packed)
 
     @property
     def precision_name(self) -> str:
@@ -139,6 +176,20 @@ class LlamaModel:
             return base
         return f"{names.get(self.mixed.dtype, str(self.mixed.dtype))}+{base}"
 
+    @property
+    def decode_weights_name(self) -> str:
+        """"dense", or "gguf-packed (<= N rows)" when few-row forwards read packed codes."""
+        return "dense" if self.packed is None else f"gguf-packed (<= {self.packed.max_rows} rows)"
+
+    def _linears(self, num_rows: int) -> list[LayerWeights] | tuple[LayerWeights, ...]:
+        """The projection weights a forward of `num_rows` rows uses."""
+        if self._packed_layers is not None and num_rows <= self.packed.max_rows:  # type: ignore[union-attr]
+            return self._packed_layers
+        if (self._extend_layers is not None and self.mixed is not None
+                and num_rows >= self.mixed.min_rows):
+            return self._extend_layers
+        return self.weights.layers
+
     @torch.inference_mode()
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn
@@ -149,10 +200,10 @@ class LlamaModel:
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         num_tokens = input_ids.shape[0]
-        linears = self.weights.layers
-        if (self._extend_layers is not None and self.mixed is not None
-                and num_tokens >= self.mixed.min_rows):
-            linears = self._extend_layers
+        linears = self._linears(num_tokens)
+        if linears is self._packed_layers and rowops.kernel() is not None:
+            return packed_forward(self, linears, input_ids, positions, attention, self._cos,
+                                  self._sin)
         for layer_idx, layer in enumerate(self.weights.layers):
             lin = linears[layer_idx]
             h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
@@ -171,11 +222,19 @@ class LlamaModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, hidden) -> fp32 logits (M, vocab). Call it only on rows that need a next token."""
-        return linear(hidden, self._lm_head).float()
+        lm_head: Weight = self._lm_head
+        if self.packed is not None and hidden.shape[0] <= self.packed.max_rows:
+            lm_head = self.packed.lm_head
+        return linear(hidden, lm_head).float()
 
 
 def _cast_linears(layer: LayerWeights, dtype: torch.dtype) -> LayerWeights:
-    """`layer` with its projection weights (and q/k/v bias) in `dtype`; norms are not used."""
+    """`layer` with its dense projection weights (and q/k/v bias) in `dtype`; norms are not
+    used. `layer` is a model's own dense layer, never a packed one."""
+    def cast(weight: Weight) -> torch.Tensor:
+        assert isinstance(weight, torch.Tensor), "only dense weights are cast"
+        return weight.to(dtype)
+
     bias = layer.qkv_bias.to(dtype) if layer.qkv_bias is not None else None
-    return replace(layer, qkv=layer.qkv.to(dtype), qkv_bias=bias, o=layer.o.to(dtype),
-                   gate_up=layer.gate_up.to(dtype), down=layer.down.to(dtype))
+    return replace(layer, qkv=cast(layer.qkv), qkv_bias=bias, o=cast(layer.o),
+                   gate_up=cast(layer.gate_up), down=cast(layer.down))

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from engine.errors import InvalidRequest
-from engine.models.gguf_loader import load_gguf
+from engine.models import quant
+from engine.models.gguf_loader import load_gguf, load_packed
 from engine.models.hf_loader import load_hf
 from engine.models.llama import LlamaModel, MixedPrecision
 from engine.models.locate import resolve_model_path
@@ -85,9 +86,11 @@ def place_model(loaded: LoadedModel, device: str) -> LoadedModel:
 
 
 def load_model(model: str | None = None, dtype: str = "fp32", *,
-               show_progress: bool = True) -> LoadedModel:
+               show_progress: bool = True, packed: bool = True) -> LoadedModel:
     """Load `model` (None: the embedded SmolLM2 GGUF; a .gguf file; or an HF folder) on the CPU.
 
+    `packed`: decode steps of a GGUF with Q4_0/Q4_1/Q8_0 weights read those codes
+    (engine.models.quant) where the kernel is built; False keeps the dense reference path.
     Progress goes to stderr. Raises `ModelNotFound` (with an install hint) or `UnsupportedModel`.
     """
     path = resolve_model_path(model)
@@ -102,9 +105,13 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
         config, weights = load_hf(path, torch_dtype, show_progress=show_progress)
         tokenizer = Tokenizer.from_tokenizer_json(path / "tokenizer.json")
     mixed = MixedPrecision() if dtype == MIXED else None
-    loaded = LoadedModel(path, LlamaModel(config, weights, torch_dtype, mixed), tokenizer,
-                         time.perf_counter() - started)
+    packed_decode = None
+    # The kernel computes in fp32: a bf16 model keeps its own decode path.
+    if packed and path.is_file() and torch_dtype == torch.float32 and quant.kernel() is not None:
+        packed_decode = load_packed(path, config, weights)
+    model_ = LlamaModel(config, weights, torch_dtype, mixed, packed_decode)
+    loaded = LoadedModel(path, model_, tokenizer, time.perf_counter() - started)
     if show_progress:
-        print(f"radixgate: model ready in {loaded.load_s:.1f} s ({loaded.model.precision_name})",
-              file=sys.stderr, flush=True)
+        print(f"radixgate: model ready in {loaded.load_s:.1f} s ({model_.precision_name}; "
+              f"decode weights: {model_.decode_weights_name})", file=sys.stderr, flush=True)
     return loaded

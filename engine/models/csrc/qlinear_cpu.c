@@ -1,0 +1,216 @@
+/* y = x @ W.T for a few rows of x, with W kept as the GGUF file's own quantised codes.
+ *
+ * A decode step reads every weight once to produce one row, so its time is the bytes of the
+ * weights it reads. The GGUF blocks are 4.5-8.5 bits a weight; the fp32 tensors dequantised from
+ * them are 32. The weights here are exactly those the fp32 path uses, computed in fp32 from the
+ * same codes and scales, so the two paths differ only in summation order.
+ *
+ * Layout (engine/models/quant.py repacks ggml's Q4_0, Q4_1 and Q8_0 blocks into it, exactly):
+ * 32 weights a block, `nb = k / 32` blocks a row of W,
+ *   Q4: codes (n, nb, 16) bytes, weight j of a block in the low nibble of byte j, weight j + 16
+ *       in the high one; d, m (n, nb) fp32; w = d * q + m
+ *   Q8: codes (n, nb, 32) int8; d (n, nb) fp32; w = d * q
+ * Per block, sum_j x_j w_j = d * sum_j x_j q_j + m * sum_j x_j: the codes are unpacked to fp32
+ * once and used for up to ROWS rows of x held in L1; the m terms are one dot product per row of
+ * W with the block sums of x, computed at the end. Output features are split between threads in
+ * chunks.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define QL_AVX2 1
+#endif
+
+#define QK 32    /* weights a block */
+#define ROWS 4   /* rows of x per pass over a block */
+#define CHUNK 16 /* output features a thread takes at a time */
+
+enum { FMT_Q4 = 4, FMT_Q8 = 8 };
+
+typedef struct {
+    const float *x;       /* (num_rows, k) */
+    const float *xsum;    /* (num_rows, nb): block sums of x, for Q4's offsets */
+    const uint8_t *codes; /* see the layout above */
+    const float *d, *m;   /* (n, nb); m only for Q4 */
+    float *y;             /* (num_rows, n) */
+    int64_t num_rows, n, k;
+    int fmt;
+    int accumulate; /* 1: y += x @ W.T (a residual add for free) */
+} Args;
+
+static int code_bytes(int fmt) { return fmt == FMT_Q4 ? QK / 2 : fmt == FMT_Q8 ? QK : 0; }
+
+#ifdef QL_AVX2
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* A block's codes as four vectors of 8 fp32: weights 0-7, 8-15, 16-23, 24-31. */
+static inline __attribute__((always_inline)) void unpack(const int fmt, const uint8_t *c,
+                                                         __m256 q[4]) {
+    if (fmt == FMT_Q8) {
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(c + 8 * i))));
+        return;
+    }
+    __m128i raw = _mm_loadu_si128((const __m128i *)c), mask = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+}
+
+/* sum_j x_j q_j over one block: two independent chains, for latency. */
+static inline __m256 block_dot(const __m256 q[4], const float *x) {
+    __m256 t0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
+    __m256 t1 = _mm256_mul_ps(q[1], _mm256_loadu_ps(x + 8));
+    t0 = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16), t0);
+    t1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), t1);
+    return _mm256_add_ps(t0, t1);
+}
+#endif
+
+/* sum_b m_b * xsum_b over one row of W. */
+static float offset_dot(const float *m, const float *xsum, int64_t nb) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t b = 0; b < nb; b++) s += m[b] * xsum[b];
+    return s;
+}
+
+/* Output features [n0, n1) for rows [r0, r0 + nr); inlined for each constant nr <= ROWS, so
+ * the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void rows_block(const Args *a, int64_t r0,
+                                                              const int nr, int64_t n0,
+                                                              int64_t n1) {
+    const int fmt = a->fmt;
+    const int64_t nb = a->k / QK, cb = code_bytes(fmt);
+    const float *x = a->x + r0 * a->k;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *codes = a->codes + n * nb * cb;
+        const float *d = a->d + n * nb;
+        float dot[ROWS];
+#ifdef QL_AVX2
+        __m256 acc[ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m256 q[4];
+            if (fmt == FMT_Q4) unpack(FMT_Q4, codes + b * cb, q);
+            else unpack(FMT_Q8, codes + b * cb, q);
+            __m256 db = _mm256_broadcast_ss(d + b);
+            for (int r = 0; r < nr; r++)
+                acc[r] = _mm256_fmadd_ps(block_dot(q, x + r * a->k + b * QK), db, acc[r]);
+        }
+        for (int r = 0; r < nr; r++) dot[r] = hsum(acc[r]);
+#else
+        for (int r = 0; r < nr; r++) dot[r] = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *c = codes + b * cb;
+            float q[QK];
+            for (int j = 0; j < QK; j++)
+                q[j] = fmt == FMT_Q8 ? (float)(int8_t)c[j]
+                                     : (float)(j < QK / 2 ? c[j] & 0x0f : c[j - QK / 2] >> 4);
+            for (int r = 0; r < nr; r++) {
+                const float *xr = x + r * a->k + b * QK;
+                float t = 0.0f;
+                for (int j = 0; j < QK; j++) t += q[j] * xr[j];
+                dot[r] += t * d[b];
+            }
+        }
+#endif
+        for (int r = 0; r < nr; r++) {
+            float off = fmt == FMT_Q4 ? offset_dot(a->m + n * nb, a->xsum + (r0 + r) * nb, nb)
+                                      : 0.0f;
+            float *y = a->y + (r0 + r) * a->n + n;
+            *y = a->accumulate ? *y + (dot[r] + off) : dot[r] + off;
+        }
+    }
+}
+
+static void rows_any(const Args *a, int64_t r0, int nr, int64_t n0, int64_t n1) {
+    switch (nr) {
+    case 1: rows_block(a, r0, 1, n0, n1); break;
+    case 2: rows_block(a, r0, 2, n0, n1); break;
+    case 3: rows_block(a, r0, 3, n0, n1); break;
+    default: rows_block(a, r0, ROWS, n0, n1); break;
+    }
+}
+
+static void run(const Args *a, int num_threads) {
+    int64_t num_chunks = (a->n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t c = 0; c < num_chunks; c++) {
+        int64_t n0 = c * CHUNK, n1 = n0 + CHUNK < a->n ? n0 + CHUNK : a->n;
+        /* Every row group over the same CHUNK features: their codes stay in L1 between. */
+        for (int64_t r0 = 0; r0 < a->num_rows; r0 += ROWS) {
+            int nr = (int)(a->num_rows - r0 < ROWS ? a->num_rows - r0 : ROWS);
+            rows_any(a, r0, nr, n0, n1);
+        }
+    }
+}
+
+static PyObject *qlinear(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long x, codes, d, m, y;
+    long long num_rows, n, k;
+    int fmt, num_threads, accumulate;
+    if (!PyArg_ParseTuple(args, "iKKKKKLLLip", &fmt, &x, &codes, &d, &m, &y, &num_rows, &n, &k,
+                          &num_threads, &accumulate))
+        return NULL;
+    if (code_bytes(fmt) == 0 || k % QK != 0 || num_rows < 0 || n < 0 || num_threads <= 0) {
+        PyErr_SetString(PyExc_ValueError, "qlinear: unsupported format or shape");
+        return NULL;
+    }
+    int64_t nb = k / QK;
+    float *xsum = NULL;
+    if (fmt == FMT_Q4 && num_rows > 0) {
+        xsum = malloc((size_t)(num_rows * nb) * sizeof(float));
+        if (!xsum) return PyErr_NoMemory();
+        for (int64_t i = 0; i < num_rows * nb; i++) {
+            const float *xb = (const float *)x + i * QK;
+            float s = 0.0f;
+            for (int j = 0; j < QK; j++) s += xb[j];
+            xsum[i] = s;
+        }
+    }
+    Args a = {(const float *)x, xsum, (const uint8_t *)codes, (const float *)d,
+              (const float *)m, (float *)y, num_rows, n, k, fmt, accumulate};
+    Py_BEGIN_ALLOW_THREADS
+    run(&a, num_threads);
+    Py_END_ALLOW_THREADS
+    free(xsum);
+    Py_RETURN_NONE;
+}
+
+static PyObject *simd(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#ifdef QL_AVX2
+    return PyUnicode_FromString("avx2");
+#else
+    return PyUnicode_FromString("scalar");
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"qlinear", qlinear, METH_VARARGS,
+     "qlinear(fmt, x, codes, d, m, y, num_rows, n, k, num_threads, accumulate): y = x @ W.T "
+     "(y += x @ W.T when accumulate) with W as codes and scales (fmt 4: Q4, 8: Q8); data "
+     "pointers of contiguous CPU buffers, x, d, m and y fp32; see engine/models/quant.py"},
+    {"simd", simd, METH_NOARGS, "the instruction set the kernel was built for"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qlinear_cpu", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__qlinear_cpu(void) { return PyModule_Create(&module); }

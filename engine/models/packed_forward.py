@@ -1,0 +1,60 @@
+"""The forward of a decode-sized batch over packed weights, in few calls a layer.
+
+`LlamaModel.forward` runs ~40 torch ops a layer; for the few rows of a decode step (or a draft
+verification) each op costs more in dispatch than in arithmetic on a small CPU. This forward
+does the same math in 9 calls a layer: RMSNorm, rotary and SiLU-gate in C (rowops), the
+projections from the GGUF's own codes (quant.qlinear) with the residual adds fused into the
+o and down projections. A projection left dense (a format the kernel does not read) runs in
+torch. Used only on the CPU for fp32 models with packed weights (`LlamaModel._fast_rows`);
+tests/e2e/test_packed_decode.py proves it equal to the dense forward up to rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.models import rowops
+from engine.models.quant import PackedWeight, qlinear
+
+if TYPE_CHECKING:
+    from engine.models.llama import AttentionFn, LayerWeights, LlamaModel, Weight
+
+
+def _project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, PackedWeight):
+        return qlinear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def _add_projection(residual: torch.Tensor, x: torch.Tensor, weight: Weight) -> None:
+    """residual += x @ W.T, in place."""
+    if isinstance(weight, PackedWeight):
+        qlinear(x, weight, add_to=residual)
+    else:
+        residual.add_(F.linear(x, weight))
+
+
+def packed_forward(model: LlamaModel, linears: Sequence[LayerWeights], input_ids: torch.Tensor,
+                   positions: torch.Tensor, attention: AttentionFn,
+                   cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """input_ids, positions: int64 (N,). Returns final-normed hidden states (N, hidden) fp32."""
+    cfg = model.config
+    eps = cfg.rms_norm_eps
+    num_tokens = input_ids.shape[0]
+    positions = positions.contiguous()
+    x = F.embedding(input_ids, model.weights.embed).contiguous()
+    for layer_idx, (layer, lin) in enumerate(zip(model.weights.layers, linears, strict=True)):
+        qkv = _project(rowops.rms_norm(x, layer.attn_norm, eps), lin.qkv, lin.qkv_bias)
+        rowops.rotary_(qkv, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim, positions, cos, sin)
+        q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        attn = attention(layer_idx, q.view(num_tokens, cfg.num_heads, cfg.head_dim),
+                         k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim),
+                         v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim))
+        _add_projection(x, attn.reshape(num_tokens, cfg.q_size), lin.o)
+        gate_up = _project(rowops.rms_norm(x, layer.ffn_norm, eps), lin.gate_up)
+        _add_projection(x, rowops.silu_mul(gate_up), lin.down)
+    return rowops.rms_norm(x, model.weights.norm, eps)

@@ -1,0 +1,83 @@
+"""Packed decode weights (the GGUF's own Q4_1/Q8_0 codes, engine.models.quant) against the
+dense fp32 reference on the real model: the packed weights are the dense ones exactly, decode
+logits differ by summation order only, and greedy output through the engine is identical."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.model_speed import corpus_ids
+from engine.attention.dense import DenseAttention
+from engine.engine import Engine, EngineConfig
+from engine.models.llama import LlamaModel
+from engine.models.loader import LoadedModel
+from engine.models.quant import PackedWeight, kernel
+from engine.protocol import Extend, Finished
+from engine.reference import ContiguousKVAttention
+from engine.sampling_params import SamplingParams
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(kernel() is None, reason="the qlinear kernel is not built")]
+
+
+def _dense(loaded: LoadedModel) -> LoadedModel:
+    return LoadedModel(loaded.path, loaded.model.with_packed(None), loaded.tokenizer, 0.0)
+
+
+def test_packed_weights_are_the_dense_weights(loaded_model: LoadedModel) -> None:
+    model = loaded_model.model
+    assert model.packed is not None, "the embedded GGUF's projections should be packed"
+    names = ("qkv", "o", "gate_up", "down")
+    for dense, packed in zip(model.weights.layers, model.packed.layers, strict=True):
+        for name in names:
+            weight = getattr(packed, name)
+            assert isinstance(weight, PackedWeight), name
+            assert torch.equal(weight.dequantize(), getattr(dense, name)), name
+    head = model.packed.lm_head
+    assert isinstance(head, PackedWeight) and torch.equal(head.dequantize(),
+                                                          model.weights.lm_head)
+
+
+def _decode_logits(model: LlamaModel, prompt: list[int], steps: list[int]) -> torch.Tensor:
+    """Prefill `prompt` (dense: many rows), then one row per token of `steps`."""
+    kv = ContiguousKVAttention(model.config.num_layers)
+    model.forward(torch.tensor(prompt), torch.arange(len(prompt)), kv)
+    rows = []
+    for i, token in enumerate(steps):
+        position = torch.tensor([len(prompt) + i])
+        rows.append(model.logits(model.forward(torch.tensor([token]), position, kv)))
+    return torch.cat(rows)
+
+
+def test_decode_logits_equal_up_to_rounding(loaded_model: LoadedModel) -> None:
+    ids = corpus_ids(loaded_model.tokenizer, 600)
+    packed, dense = loaded_model.model, loaded_model.model.with_packed(None)
+    got = _decode_logits(packed, ids[:500], ids[500:600])
+    want = _decode_logits(dense, ids[:500], ids[500:600])
+    diff = (got - want).abs()
+    # fp32 summation order over 576-1536 terms: ~1e-5 relative; logits are O(10).
+    assert diff.max() <= 2e-3, diff.max()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    # Many rows (a prefill) take the dense path itself: bitwise the same.
+    full = torch.tensor(ids[:64])
+    assert torch.equal(packed.forward(full, torch.arange(64), DenseAttention([64])),
+                       dense.forward(full, torch.arange(64), DenseAttention([64])))
+
+
+def _greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
+    engine = Engine(loaded, EngineConfig(enable_prefix_cache=False, kv_memory_bytes=256 << 20,
+                                         check_invariants=True))
+    for i, prompt in enumerate(prompts):
+        engine.submit(Extend(f"r{i}", "t", None, prompt,
+                             SamplingParams(max_tokens=32, ignore_eos=True)))
+    done = {m.request_id: m.output_token_ids for m in engine.run_until_idle()
+            if isinstance(m, Finished)}
+    engine.check_invariants()
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+def test_greedy_output_identical_to_dense(loaded_model: LoadedModel) -> None:
+    ids = corpus_ids(loaded_model.tokenizer, 16 * 450)
+    prompts = [ids[i * 450 : i * 450 + 300] for i in range(16)]
+    assert _greedy(loaded_model, prompts) == _greedy(_dense(loaded_model), prompts)
