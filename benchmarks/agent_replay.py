@@ -28,6 +28,7 @@ from benchmarks.common import (
     log,
     machine_notes,
     plot_path,
+    precision_label,
     write_json,
 )
 from benchmarks.replay_plot import plot
@@ -193,7 +194,7 @@ def main() -> None:
     uncached = Engine(loaded, EngineConfig(kv_memory_bytes=1 << 30, max_batch_tokens=1024,
                                            enable_prefix_cache=False))
     notes = machine_notes(loaded.path)
-    notes["precision"] = loaded.model.precision_name
+    notes["precision"] = precision_label(loaded)
     peers: list[Any] = []
     if not args.no_peers:
         from benchmarks.peers.registry import available_peers

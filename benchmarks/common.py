@@ -68,10 +68,18 @@ def machine_notes(gguf_path: Path | None = None) -> dict[str, Any]:
 
 def load_default_model() -> LoadedModel:
     """The embedded GGUF in the precision `serve --dtype auto` picks on this CPU (mixed bf16
-    projections where the CPU has bf16 instructions, else fp32): the default mode."""
+    projections where the CPU has bf16 instructions, else fp32), with packed decode weights
+    where the kernel is built: the default mode."""
     from engine.models.loader import default_dtype, load_model
 
     return load_model(None, default_dtype("cpu"))
+
+
+def precision_label(loaded: LoadedModel) -> str:
+    """What a results table says the engine ran, e.g. "fp32; weights: gguf codes (<= 16
+    rows), onednn extends"."""
+    model = loaded.model
+    return f"{model.precision_name}; weights: {model.weights_name}"
 
 
 def finish_notes(notes: dict[str, Any]) -> None:

@@ -1,12 +1,18 @@
-"""Prefill and decode speed of the engine on the embedded GGUF (fp32, bf16, mixed), with peers.
+"""Prefill and decode speed of the engine on the embedded GGUF, with peers.
 
     python -m benchmarks.model_speed --json bench-results/model_speed.json [--quick]
 
 Prefill: cold TTFT of one prompt of 512 / 2048 / 8000 tokens (prefix cache off), as tokens/s.
 Decode: batch-1 greedy tokens/s after a short prompt and after a 4k-token one (attention reads
-4k tokens of KV per step), EOS ignored. Every engine runs in this one process, in turns, on the
-same token ids and thread count; medians over repeats. `mixed` (bf16 projections over fp32
-norms, attention, lm_head and KV) is `--dtype auto` on a CPU with bf16 instructions.
+4k tokens of KV per step), EOS ignored, no speculative drafting. Every engine runs in this one
+process, in turns, on the same token ids and thread count; medians over repeats.
+
+Engines: radixgate's default mode (`--dtype auto`: fp32 here, with decode and verification
+rows on the GGUF's packed Q4_1/Q8_0 codes and extends on oneDNN-packed weights), the dense fp32
+reference (`--no-packed-weights`), and on a CPU with bf16 instructions also bf16 and `mixed`
+(bf16 projections over fp32 norms, attention, lm_head and KV; the default there). Without
+those instructions torch's bf16 GEMMs are many times slower than fp32, so those rows are
+skipped and the notes say so.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from benchmarks.common import (
     machine_notes,
     median_of,
     plot_path,
+    precision_label,
     write_json,
 )
 from engine.engine import Engine, EngineConfig
-from engine.models.loader import load_model
+from engine.models.loader import cpu_has_bf16, default_dtype, load_model
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
 
@@ -65,12 +72,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeats = 1 if args.quick else args.repeats
     lens = (512, 2048) if args.quick else PREFILL_LENS
     engines: dict[str, Any] = {}
-    for dtype in ("fp32", "bf16", "mixed"):
-        loaded = load_model(None, dtype)
-        engines[f"radixgate-{dtype}"] = Engine(loaded, EngineConfig(
-            enable_prefix_cache=False, kv_memory_bytes=1 << 30, max_batch_tokens=2048))
+    default = default_dtype("cpu")
+    default_label = default
+    variants = [("default", default, True), ("fp32-dense", "fp32", False)]
+    if cpu_has_bf16():
+        variants += [("bf16", "bf16", False), ("mixed-dense", "mixed", False)]
+    for name, dtype, packed in variants:
+        loaded = load_model(None, dtype, packed=packed)
+        # No drafting: the peers' plain pipelines do not speculate either (spec_decode.py
+        # measures drafting against OpenVINO's prompt lookup).
+        engines[f"radixgate-{name}"] = Engine(loaded, EngineConfig(
+            enable_prefix_cache=False, kv_memory_bytes=1 << 30, max_batch_tokens=2048,
+            spec="none"))
+        if name == "default":
+            default_label = precision_label(loaded)
     tokenizer = loaded.tokenizer
     notes = machine_notes(loaded.path)
+    notes["precision"] = default_label
+    if not cpu_has_bf16():
+        notes["skipped"] = "bf16 and mixed rows: this CPU has no bf16 instructions"
     peers = []
     if not args.no_peers:
         from benchmarks.peers.registry import available_peers
@@ -123,8 +143,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any], lens: tuple[int, ...]) -> None:
-    # Ratios against fp32 (the reference path) and against OpenVINO GenAI (the closest peer).
-    bases = ["radixgate-fp32"] + [n for n in result["prefill_tok_s"] if n.startswith("openvino")]
+    # Ratios against the dense fp32 reference and against OpenVINO GenAI (the closest peer).
+    bases = ["radixgate-fp32-dense"] + [n for n in result["prefill_tok_s"]
+                                        if n.startswith("openvino")]
     headers = ["engine", *[f"prefill@{n} tok/s" for n in lens], "decode b1 tok/s",
                "decode@4k tok/s"]
     for base in bases:
@@ -142,6 +163,9 @@ def print_table(result: dict[str, Any], lens: tuple[int, ...]) -> None:
                     dec4k / result["decode_4k_tok_s"][base]["median"]]
         rows.append(row)
     print(format_table(headers, rows))
+    print(f"radixgate-default: {result['notes'].get('precision')}")
+    if "skipped" in result["notes"]:
+        print(f"skipped: {result['notes']['skipped']}")
     print(load_line(result["notes"]))
 
 

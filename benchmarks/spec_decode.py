@@ -30,6 +30,7 @@ from benchmarks.common import (
     log,
     machine_notes,
     plot_path,
+    precision_label,
     write_json,
 )
 from benchmarks.workload import SYSTEM, TOOLS, stdlib_source
@@ -203,7 +204,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     loaded = load_default_model()
     notes = machine_notes(loaded.path)
-    notes["precision"] = loaded.model.precision_name
+    notes["precision"] = precision_label(loaded)
     repeats = args.repeats or (1 if args.quick else 5)
     result = {"notes": notes, "repeats": repeats,
               "workloads": measure(loaded, repeats, with_peer=not args.no_peers)}

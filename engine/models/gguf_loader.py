@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModel
-from engine.models.llama import LayerWeights, LlamaWeights, PackedDecode, Weight
+from engine.models.llama import LayerWeights, LlamaWeights, PackedWeights, Weight
 from engine.models.quant import concat, pack_ggml
 
 
@@ -102,7 +102,7 @@ def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True) -> 
     return config, LlamaWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
-def load_packed(path: Path, config: ModelConfig, dense: LlamaWeights) -> PackedDecode | None:
+def load_packed(path: Path, config: ModelConfig, dense: LlamaWeights) -> PackedWeights | None:
     """The projections and lm_head of a GGUF as their own quantised codes (exactly the values
     `load_gguf` dequantises), for few-row forwards. A projection in a type the kernel does not
     read (F16, K-quants, ...) keeps its dense tensor from `dense`; None when none is packed."""
@@ -133,5 +133,5 @@ def load_packed(path: Path, config: ModelConfig, dense: LlamaWeights) -> PackedD
                            layer.gate_up),
             down=packed([p + "ffn_down.weight"], [None], layer.down)))
     head_name = "token_embd.weight" if config.tie_word_embeddings else "output.weight"
-    result = PackedDecode(tuple(layers), packed([head_name], [None], dense.lm_head))
+    result = PackedWeights(tuple(layers), packed([head_name], [None], dense.lm_head))
     return result if result.nbytes > 0 else None

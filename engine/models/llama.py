@@ -16,11 +16,13 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.models import rowops
+from engine.models.onednn import OneDnnWeight, onednn_linear
 from engine.models.packed_forward import packed_forward
 from engine.models.quant import PackedWeight, qlinear
 
-# A projection's weight: a dense tensor, or the GGUF's own quantised codes (few-row forwards).
-Weight = torch.Tensor | PackedWeight
+# A projection's weight: a dense tensor, the GGUF's own quantised codes (few-row forwards), or
+# a dense tensor in oneDNN's layout (extends).
+Weight = torch.Tensor | PackedWeight | OneDnnWeight
 
 
 class AttentionFn(Protocol):
@@ -73,6 +75,8 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     `x`'s dtype."""
     if isinstance(weight, PackedWeight):
         return qlinear(x, weight, bias).to(x.dtype)
+    if isinstance(weight, OneDnnWeight):
+        return onednn_linear(x, weight, bias)
     if weight.dtype == x.dtype:
         return F.linear(x, weight, bias)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
@@ -97,24 +101,32 @@ class MixedPrecision:
 
 
 @dataclass(frozen=True)
-class PackedDecode:
-    """Forwards of at most `max_rows` rows (decodes, draft verifications) take their projections
-    from `layers` and their logits from `lm_head`: weights packed from the GGUF's own quantised
-    blocks (engine.models.quant), the same values as the dense fp32 ones, read at 4.5-8.5 bits
-    instead of 32. A projection the kernel cannot read stays the dense tensor."""
+class PackedWeights:
+    """The projections in the layouts this CPU's kernels read fastest, with the same values as
+    the dense fp32 weights. Forwards of at most `max_rows` rows (decodes, draft verifications)
+    take `decode_layers` and `lm_head`: the GGUF's own quantised codes (engine.models.quant),
+    read at 4.5-8.5 bits a weight instead of 32. Longer forwards (prefill chunks) take
+    `extend_layers`: the dense weights in oneDNN's blocked layout (engine.models.onednn), or
+    the dense tensors themselves when None. A projection a kernel cannot read stays dense."""
 
-    layers: tuple[LayerWeights, ...]
+    decode_layers: tuple[LayerWeights, ...]
     lm_head: Weight
-    # Where the kernel stops beating the fp32 GEMM on 2 AVX2 cores: each row adds its FMAs to
-    # one unpacking of the codes; the GEMM's cost is reading the weights (tests/bench: quant).
+    # Where the codes kernel stops beating the fp32 GEMM on 2 AVX2 cores: each row adds its
+    # FMAs to one unpacking of the codes, while the GEMM's cost is reading fp32 weights.
     max_rows: int = 16
+    extend_layers: tuple[LayerWeights, ...] | None = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the packed weights (dense fallbacks not counted)."""
-        weights = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up,
-                                                         layer.down)] + [self.lm_head]
-        return sum(w.nbytes for w in weights if isinstance(w, PackedWeight))
+        """Bytes of the GGUF codes (dense fallbacks and oneDNN copies not counted)."""
+        weights = [w for layer in self.decode_layers for w in (layer.qkv, layer.o,
+                                                                layer.gate_up, layer.down)]
+        return sum(w.nbytes for w in [*weights, self.lm_head] if isinstance(w, PackedWeight))
+
+    @property
+    def name(self) -> str:
+        extends = "onednn" if self.extend_layers is not None else "dense"
+        return f"gguf codes (<= {self.max_rows} rows), {extends} extends"
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -128,7 +140,7 @@ class LlamaModel:
     """Weights plus the forward pass. Stateless across calls: all KV state lives in the backend."""
 
     def __init__(self, config: ModelConfig, weights: LlamaWeights, dtype: torch.dtype,
-                 mixed: MixedPrecision | None = None, packed: PackedDecode | None = None) -> None:
+                 mixed: MixedPrecision | None = None, packed: PackedWeights | None = None) -> None:
         self.config = config
         self.weights = weights
         self.dtype = dtype
@@ -136,7 +148,7 @@ class LlamaModel:
         self.mixed = mixed
         # The packing kernel runs on the CPU, in fp32; a model moved to CUDA drops it.
         self.packed = packed if self.device.type == "cpu" and dtype == torch.float32 else None
-        self._packed_layers = self.packed.layers if self.packed is not None else None
+        self._packed_layers = self.packed.decode_layers if self.packed is not None else None
         # Copies of the linear weights in the extend dtype; the fp32 ones remain for decode.
         self._extend_layers = ([_cast_linears(layer, mixed.dtype) for layer in weights.layers]
                                if mixed is not None and mixed.dtype != dtype else None)
@@ -162,8 +174,8 @@ class LlamaModel:
         """The same weights with extends in `mixed.dtype` (None: every step in `self.dtype`)."""
         return LlamaModel(self.config, self.weights, self.dtype, mixed, self.packed)
 
-    def with_packed(self, packed: PackedDecode | None) -> LlamaModel:
-        """The same weights with few-row forwards on `packed` (None: the dense reference)."""
+    def with_packed(self, packed: PackedWeights | None) -> LlamaModel:
+        """The same weights with forwards on `packed` (None: the dense reference)."""
         return LlamaModel(self.config, self.weights, self.dtype, self.mixed, packed)
 
     @property
@@ -177,9 +189,9 @@ class LlamaModel:
         return f"{names.get(self.mixed.dtype, str(self.mixed.dtype))}+{base}"
 
     @property
-    def decode_weights_name(self) -> str:
-        """"dense", or "gguf-packed (<= N rows)" when few-row forwards read packed codes."""
-        return "dense" if self.packed is None else f"gguf-packed (<= {self.packed.max_rows} rows)"
+    def weights_name(self) -> str:
+        """"dense", or which packed layouts the forwards read (`PackedWeights.name`)."""
+        return "dense" if self.packed is None else self.packed.name
 
     def _linears(self, num_rows: int) -> list[LayerWeights] | tuple[LayerWeights, ...]:
         """The projection weights a forward of `num_rows` rows uses."""
@@ -188,6 +200,8 @@ class LlamaModel:
         if (self._extend_layers is not None and self.mixed is not None
                 and num_rows >= self.mixed.min_rows):
             return self._extend_layers
+        if self.packed is not None and self.packed.extend_layers is not None:
+            return self.packed.extend_layers
         return self.weights.layers
 
     @torch.inference_mode()

@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from engine.errors import InvalidRequest
-from engine.models import quant
+from engine.models import onednn, quant
 from engine.models.gguf_loader import load_gguf, load_packed
 from engine.models.hf_loader import load_hf
-from engine.models.llama import LlamaModel, MixedPrecision
+from engine.models.llama import LayerWeights, LlamaModel, MixedPrecision
 from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 
@@ -90,7 +90,8 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     """Load `model` (None: the embedded SmolLM2 GGUF; a .gguf file; or an HF folder) on the CPU.
 
     `packed`: decode steps of a GGUF with Q4_0/Q4_1/Q8_0 weights read those codes
-    (engine.models.quant) where the kernel is built; False keeps the dense reference path.
+    (engine.models.quant) where the kernel is built, and fp32 extends read oneDNN-packed copies
+    of the dense weights (engine.models.onednn); False keeps the dense reference path.
     Progress goes to stderr. Raises `ModelNotFound` (with an install hint) or `UnsupportedModel`.
     """
     path = resolve_model_path(model)
@@ -105,13 +106,27 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
         config, weights = load_hf(path, torch_dtype, show_progress=show_progress)
         tokenizer = Tokenizer.from_tokenizer_json(path / "tokenizer.json")
     mixed = MixedPrecision() if dtype == MIXED else None
-    packed_decode = None
+    packed_weights = None
     # The kernel computes in fp32: a bf16 model keeps its own decode path.
     if packed and path.is_file() and torch_dtype == torch.float32 and quant.kernel() is not None:
-        packed_decode = load_packed(path, config, weights)
-    model_ = LlamaModel(config, weights, torch_dtype, mixed, packed_decode)
+        packed_weights = load_packed(path, config, weights)
+        # With mixed precision the extends run bf16 copies instead.
+        if packed_weights is not None and mixed is None and onednn.available():
+            packed_weights = replace(packed_weights, extend_layers=tuple(
+                _onednn_layer(layer) for layer in weights.layers))
+    model_ = LlamaModel(config, weights, torch_dtype, mixed, packed_weights)
     loaded = LoadedModel(path, model_, tokenizer, time.perf_counter() - started)
     if show_progress:
         print(f"radixgate: model ready in {loaded.load_s:.1f} s ({model_.precision_name}; "
-              f"decode weights: {model_.decode_weights_name})", file=sys.stderr, flush=True)
+              f"weights: {model_.weights_name})", file=sys.stderr, flush=True)
     return loaded
+
+
+def _onednn_layer(layer: LayerWeights) -> LayerWeights:
+    """`layer` with its dense fp32 projections in oneDNN's layout."""
+    def pack(weight: object) -> onednn.OneDnnWeight:
+        assert isinstance(weight, torch.Tensor)
+        return onednn.OneDnnWeight.pack(weight)
+
+    return replace(layer, qkv=pack(layer.qkv), o=pack(layer.o), gate_up=pack(layer.gate_up),
+                   down=pack(layer.down))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 def _project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(weight, PackedWeight):
         return qlinear(x, weight, bias)
+    assert isinstance(weight, torch.Tensor), "decode layers hold codes or dense tensors"
     return F.linear(x, weight, bias)
 
 
@@ -35,7 +36,7 @@ def _add_projection(residual: torch.Tensor, x: torch.Tensor, weight: Weight) -> 
     if isinstance(weight, PackedWeight):
         qlinear(x, weight, add_to=residual)
     else:
-        residual.add_(F.linear(x, weight))
+        residual.add_(_project(x, weight))
 
 
 def packed_forward(model: LlamaModel, linears: Sequence[LayerWeights], input_ids: torch.Tensor,

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from engine.attention.dense import DenseAttention
-from engine.models.llama import LlamaModel, PackedDecode
+from engine.models.llama import LlamaModel, PackedWeights
 from engine.models.loader import LoadedModel
 from engine.models.quant import PackedWeight, concat, kernel, pack_ggml, qlinear
 
@@ -98,14 +98,14 @@ def _packed_model(tiny: LoadedModel, qtype: GGMLQuantizationType, max_rows: int)
                     for layer, p in zip(w.layers, layers, strict=True)]  # type: ignore[union-attr]
     embed = lm_head.dequantize()
     dense = LlamaModel(model.config, type(w)(embed, dense_layers, w.norm, embed), torch.float32)
-    return dense, dense.with_packed(PackedDecode(tuple(layers), lm_head, max_rows))
+    return dense, dense.with_packed(PackedWeights(tuple(layers), lm_head, max_rows))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_packed_model_equals_dense(tiny: LoadedModel, qtype: GGMLQuantizationType) -> None:
     dense, packed = _packed_model(tiny, qtype, max_rows=8)
-    assert packed.decode_weights_name == "gguf-packed (<= 8 rows)"
-    assert dense.decode_weights_name == "dense"
+    assert packed.weights_name == "gguf codes (<= 8 rows), dense extends"
+    assert dense.weights_name == "dense"
     for num_rows in (1, 5, 8, 9):  # 9 rows: past max_rows, the dense path itself
         ids = torch.randint(0, dense.config.vocab_size, (num_rows,),
                             generator=torch.Generator().manual_seed(num_rows))
