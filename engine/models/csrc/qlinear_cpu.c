@@ -26,7 +26,7 @@
 #endif
 
 #define QK 32    /* weights a block */
-#define ROWS 4   /* rows of x per pass over a block */
+#define ROWS 8   /* rows of x per pass over a block */
 #define CHUNK 16 /* output features a thread takes at a time */
 
 enum { FMT_Q4 = 4, FMT_Q8 = 8 };
@@ -136,11 +136,17 @@ static inline __attribute__((always_inline)) void rows_block(const Args *a, int6
     }
 }
 
+_Static_assert(ROWS == 8, "rows_any has a case for each row count 1..ROWS");
+
 static void rows_any(const Args *a, int64_t r0, int nr, int64_t n0, int64_t n1) {
     switch (nr) {
     case 1: rows_block(a, r0, 1, n0, n1); break;
     case 2: rows_block(a, r0, 2, n0, n1); break;
     case 3: rows_block(a, r0, 3, n0, n1); break;
+    case 4: rows_block(a, r0, 4, n0, n1); break;
+    case 5: rows_block(a, r0, 5, n0, n1); break;
+    case 6: rows_block(a, r0, 6, n0, n1); break;
+    case 7: rows_block(a, r0, 7, n0, n1); break;
     default: rows_block(a, r0, ROWS, n0, n1); break;
     }
 }
