@@ -28,7 +28,7 @@ lint: install
 	$(VENV)/bin/mypy engine sessions gateway sdk observability benchmarks
 
 test: lint
-	$(PY) -m pytest -q --timeout=900
+	$(PY) -m pytest -q --timeout=900 --durations=25
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" --timeout=300

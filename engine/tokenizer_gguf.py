@@ -1,7 +1,9 @@
-"""Reading GGUF metadata (the key/value header) without touching tensor data.
+"""Reading a GGUF file's header: metadata (the key/value section) and tensor descriptions.
 
 `gguf.GGUFReader` builds a numpy view per array element and takes ~8 s on the 98k tokenizer
-strings of SmolLM2; walking the header with `struct` takes ~0.1 s.
+strings of SmolLM2; walking the header with `struct` takes ~0.1 s. Tensor data is not read
+here: `read_gguf_tensors` returns views of the memory-mapped file, laid out as `GGUFReader`
+lays them out, so `gguf.quants.dequantize` takes them as they are.
 """
 
 from __future__ import annotations
@@ -9,8 +11,13 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quant_shape_to_byte_shape
 
 from engine.errors import UnsupportedModel
 
@@ -85,28 +92,88 @@ class _Cursor:
         return tuple(items) if keep else None
 
 
+def _walk_metadata(buf: mmap.mmap, path: Path, wanted: tuple[str, ...]) -> tuple[
+        dict[str, Any], _Cursor, int]:
+    """The metadata whose keys start with one of `wanted`, a cursor at the tensor descriptions
+    and the number of tensors."""
+    if buf[:4] != _MAGIC:
+        raise UnsupportedModel(f"{path} is not a GGUF file")
+    # The version is small; read little-endian it would be huge if the file is big-endian.
+    endian = "<" if struct.unpack_from("<I", buf, 4)[0] < 0x10000 else ">"
+    cursor = _Cursor(buf, 4, endian)
+    version, num_tensors, num_kv = *cursor.unpack("I"), *cursor.unpack("Q", 2)
+    if version not in (2, 3):
+        raise UnsupportedModel(f"{path}: GGUF version {version} is not supported")
+    meta: dict[str, Any] = {}
+    for _ in range(num_kv):
+        key = cursor.string()
+        (value_type,) = cursor.unpack("I")
+        keep = key.startswith(wanted)
+        value = cursor.value(value_type, keep)
+        if keep:
+            meta[key] = value
+    return meta, cursor, num_tensors
+
+
 def read_gguf_metadata(path: Path, *, prefixes: Iterable[str] = ("",)) -> dict[str, Any]:
     """Metadata of the GGUF file at `path` whose keys start with one of `prefixes`.
 
     Arrays come back as tuples, strings as str. Does not read tensor data. Raises
     `UnsupportedModel` if the file is not GGUF v2/v3.
     """
-    wanted = tuple(prefixes)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != _MAGIC:
-            raise UnsupportedModel(f"{path} is not a GGUF file")
-        # The version is small; read little-endian it would be huge if the file is big-endian.
-        endian = "<" if struct.unpack_from("<I", buf, 4)[0] < 0x10000 else ">"
-        cursor = _Cursor(buf, 4, endian)
-        version, _num_tensors, num_kv = *cursor.unpack("I"), *cursor.unpack("Q", 2)
-        if version not in (2, 3):
-            raise UnsupportedModel(f"{path}: GGUF version {version} is not supported")
-        meta: dict[str, Any] = {}
-        for _ in range(num_kv):
-            key = cursor.string()
-            (value_type,) = cursor.unpack("I")
-            keep = key.startswith(wanted)
-            value = cursor.value(value_type, keep)
-            if keep:
-                meta[key] = value
-        return meta
+        return _walk_metadata(buf, path, tuple(prefixes))[0]
+
+
+# Types whose data is typed elements; every other type is raw bytes, (rows, bytes a row).
+_ELEMENT_TYPES = {
+    GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    tensor_type: GGMLQuantizationType
+    # A read-only view of the file: elements in numpy order (dims reversed) for F16/F32/...,
+    # else bytes, one row of blocks per row (gguf.GGUFReader's layout).
+    data: np.ndarray
+
+
+def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
+    """The tensors of the GGUF file at `path` by name, their data memory-mapped (nothing is
+    read until used). Raises `UnsupportedModel` for a file that is not GGUF v2/v3 or names a
+    tensor type this `gguf` package does not know."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        meta, cursor, num_tensors = _walk_metadata(buf, path, ("general.alignment",))
+        infos = []
+        for _ in range(num_tensors):
+            name = cursor.string()
+            (num_dims,) = cursor.unpack("I")
+            dims = cursor.unpack("Q", num_dims)
+            (raw_type,), (offset,) = cursor.unpack("I"), cursor.unpack("Q")
+            try:
+                tensor_type = GGMLQuantizationType(raw_type)
+            except ValueError as exc:
+                raise UnsupportedModel(
+                    f"{path}: tensor {name} has unknown type {raw_type}") from exc
+            infos.append((name, dims, tensor_type, offset))
+        alignment = int(meta.get("general.alignment", 32))
+        data_start = -(-cursor.pos // alignment) * alignment
+    file = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = {}
+    for name, dims, tensor_type, offset in infos:
+        shape = tuple(reversed(dims))
+        num_elements = int(np.prod(dims))
+        block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+        start = data_start + offset
+        raw = file[start : start + num_elements * type_size // block_size]
+        if tensor_type in _ELEMENT_TYPES:
+            data = raw.view(_ELEMENT_TYPES[tensor_type]).reshape(shape)
+        else:
+            data = raw.reshape(quant_shape_to_byte_shape(shape, tensor_type))
+        tensors[name] = GGUFTensor(name, tensor_type, data)
+    return tensors

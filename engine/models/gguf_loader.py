@@ -1,4 +1,4 @@
-"""GGUF checkpoints: metadata, dequantised weights (via the `gguf` package), un-permuted Q/K."""
+"""GGUF checkpoints: metadata, dequantised weights, the quantised codes, un-permuted Q/K."""
 
 from __future__ import annotations
 
@@ -7,27 +7,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tqdm import tqdm
 
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModel
 from engine.models.llama import LayerWeights, LlamaWeights, PackedWeights, Weight
-from engine.models.quant import concat, pack_ggml
-
-
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
-    """Scalar and string fields as Python values; large arrays (vocab, merges) are skipped."""
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.data) > 64:
-            continue
-        try:
-            meta[key] = field.contents()
-        except (ValueError, TypeError, IndexError):
-            continue
-    return meta
+from engine.models.quant import PackedWeight, concat, pack_ggml
+from engine.tokenizer_gguf import read_gguf_metadata, read_gguf_tensors
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -41,22 +28,27 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
-def _vocab_size(reader: GGUFReader) -> int:
-    field = reader.fields.get("tokenizer.ggml.tokens")
-    if field is None:
+def _vocab_size(meta: dict[str, Any]) -> int:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None:
         raise UnsupportedModel("GGUF file has no tokenizer.ggml.tokens")
-    return len(field.data)
+    return len(tokens)
 
 
-def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True) -> tuple[
-    ModelConfig, LlamaWeights
-]:
-    """Read a Llama-family GGUF into dense `dtype` tensors on the CPU."""
-    reader = GGUFReader(str(path))
-    meta = read_metadata(reader)
-    tensors = {t.name: t for t in reader.tensors}
+def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True,
+              packed: bool = False) -> tuple[ModelConfig, LlamaWeights, PackedWeights | None]:
+    """Read a Llama-family GGUF into dense `dtype` tensors on the CPU; with `packed`, also the
+    projections and lm_head as their own quantised codes (`PackedWeights` without oneDNN
+    extends; None when no projection is in a format the kernel reads).
+
+    Q4_0/Q4_1/Q8_0 tensors are dequantised from their packed codes in torch (the values the
+    `gguf` package's numpy dequantiser gives, several times faster; tests/engine/models); other
+    types through `gguf`."""
+    meta = read_gguf_metadata(path)
+    tensors = read_gguf_tensors(path)
     meta["_tied"] = "output.weight" not in tensors
-    config = ModelConfig.from_gguf_metadata(meta, _vocab_size(reader))
+    config = ModelConfig.from_gguf_metadata(meta, _vocab_size(meta))
+    codes: dict[str, PackedWeight] = {}
 
     progress = tqdm(
         total=len(tensors), desc=f"loading {path.name}", unit="tensor", disable=not show_progress
@@ -66,9 +58,13 @@ def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True) -> 
         if name not in tensors:
             raise UnsupportedModel(f"GGUF file lacks tensor '{name}'")
         t = tensors[name]
+        progress.update(1)
+        packed_weight = pack_ggml(t.tensor_type, t.data)
+        if packed_weight is not None:
+            codes[name] = packed_weight
+            return packed_weight.dequantize().to(dtype)
         # Copy: unquantised tensors come back as read-only views of the memory-mapped file.
         array = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
-        progress.update(1)
         return torch.from_numpy(array).to(dtype)
 
     def get_bias(name: str) -> torch.Tensor | None:
@@ -99,21 +95,20 @@ def load_gguf(path: Path, dtype: torch.dtype, *, show_progress: bool = True) -> 
     norm = get("output_norm.weight")
     lm_head = embed if config.tie_word_embeddings else get("output.weight")
     progress.close()
-    return config, LlamaWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+    weights = LlamaWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+    return config, weights, _packed_weights(config, codes, weights) if packed else None
 
 
-def load_packed(path: Path, config: ModelConfig, dense: LlamaWeights) -> PackedWeights | None:
-    """The projections and lm_head of a GGUF as their own quantised codes (exactly the values
-    `load_gguf` dequantises), for few-row forwards. A projection in a type the kernel does not
-    read (F16, K-quants, ...) keeps its dense tensor from `dense`; None when none is packed."""
-    reader = GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
+def _packed_weights(config: ModelConfig, codes: dict[str, PackedWeight],
+                    dense: LlamaWeights) -> PackedWeights | None:
+    """The projections and lm_head from the tensors' codes, fused and permuted as `load_gguf`
+    fuses and permutes the dense ones. A projection with a part not in `codes` keeps its dense
+    tensor; None when no projection is packed."""
 
     def packed(names: list[str], heads: list[int | None], fallback: Weight) -> Weight:
         parts = []
         for name, num_heads in zip(names, heads, strict=True):
-            t = tensors[name]
-            part = pack_ggml(t.tensor_type, t.data)
+            part = codes.get(name)
             if part is None:
                 return fallback
             if num_heads is not None:  # the Q/K row permutation of `unpermute_qk`

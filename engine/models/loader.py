@@ -11,7 +11,7 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.models import onednn, quant
-from engine.models.gguf_loader import load_gguf, load_packed
+from engine.models.gguf_loader import load_gguf
 from engine.models.hf_loader import load_hf
 from engine.models.llama import LayerWeights, LlamaModel, MixedPrecision
 from engine.models.locate import resolve_model_path
@@ -99,21 +99,21 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     started = time.perf_counter()
     if show_progress:
         print(f"radixgate: loading {path} ({dtype})", file=sys.stderr, flush=True)
+    # The codes kernel computes in fp32: a bf16 model keeps its own decode path.
+    want_packed = packed and torch_dtype == torch.float32 and quant.kernel() is not None
+    packed_weights = None
     if path.is_file():
-        config, weights = load_gguf(path, torch_dtype, show_progress=show_progress)
+        config, weights, packed_weights = load_gguf(path, torch_dtype, packed=want_packed,
+                                                    show_progress=show_progress)
         tokenizer = Tokenizer.from_gguf(path)
     else:
         config, weights = load_hf(path, torch_dtype, show_progress=show_progress)
         tokenizer = Tokenizer.from_tokenizer_json(path / "tokenizer.json")
     mixed = MixedPrecision() if dtype == MIXED else None
-    packed_weights = None
-    # The kernel computes in fp32: a bf16 model keeps its own decode path.
-    if packed and path.is_file() and torch_dtype == torch.float32 and quant.kernel() is not None:
-        packed_weights = load_packed(path, config, weights)
-        # With mixed precision the extends run bf16 copies instead.
-        if packed_weights is not None and mixed is None and onednn.available():
-            packed_weights = replace(packed_weights, extend_layers=tuple(
-                _onednn_layer(layer) for layer in weights.layers))
+    # With mixed precision the extends run bf16 copies instead.
+    if packed_weights is not None and mixed is None and onednn.available():
+        packed_weights = replace(packed_weights, extend_layers=tuple(
+            _onednn_layer(layer) for layer in weights.layers))
     model_ = LlamaModel(config, weights, torch_dtype, mixed, packed_weights)
     loaded = LoadedModel(path, model_, tokenizer, time.perf_counter() - started)
     if show_progress:
