@@ -6,6 +6,10 @@ argmax agreement 98.3-100%, no disagreement where fp32's top-2 margin exceeded 0
 - the next-token argmax agrees on >= 97% of positions, and on every position where the fp32
   top-2 margin is above 1.0: mixed precision can only flip near-ties;
 - free-running greedy through the engine: 32 tokens identical on >= 12 of 16 prompts (14 seen).
+
+On a CPU without bf16 instructions, where `mixed` is never the default and torch emulates the
+bf16 GEMMs (~7 GFLOP/s on 2 AVX2 cores: 150 s for the full greedy test), the same bounds are
+checked on half the prompts (2 for the logits, >= 6 of 8 identical for greedy).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from benchmarks.model_speed import corpus_ids
 from engine.attention.dense import DenseAttention
 from engine.engine import Engine, EngineConfig
 from engine.models.llama import MixedPrecision
-from engine.models.loader import LoadedModel
+from engine.models.loader import LoadedModel, cpu_has_bf16
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 
 PROMPT_LEN = 300
+# Prompts of the greedy test; the logits test takes a quarter of them.
+NUM_PROMPTS = 16 if cpu_has_bf16() else 8
 
 
 def _prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
@@ -35,7 +41,7 @@ def test_mixed_logits_within_tolerance(loaded_model: LoadedModel) -> None:
     reference = loaded_model.model
     mixed = reference.with_mixed_precision(MixedPrecision())
     positions = torch.arange(PROMPT_LEN)
-    for prompt in _prompts(loaded_model, 4):
+    for prompt in _prompts(loaded_model, NUM_PROMPTS // 4):
         ids = torch.tensor(prompt)
         want = reference.logits(reference.forward(ids, positions, DenseAttention([PROMPT_LEN])))
         got = mixed.logits(mixed.forward(ids, positions, DenseAttention([PROMPT_LEN])))
@@ -61,10 +67,10 @@ def _greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def test_mixed_greedy_matches_fp32_on_most_prompts(loaded_model: LoadedModel) -> None:
-    prompts = _prompts(loaded_model, 16)
+    prompts = _prompts(loaded_model, NUM_PROMPTS)
     mixed = LoadedModel(loaded_model.path, loaded_model.model.with_mixed_precision(
         MixedPrecision()), loaded_model.tokenizer, 0.0)
     want = _greedy(loaded_model, prompts)
     got = _greedy(mixed, prompts)
     identical = sum(a == b for a, b in zip(want, got, strict=True))
-    assert identical >= 12, f"{identical}/16 identical"
+    assert identical >= NUM_PROMPTS * 3 // 4, f"{identical}/{NUM_PROMPTS} identical"
