@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import numpy as np
@@ -57,10 +57,17 @@ class PackedWeight:
     codes: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor | None
+    # (n, k) and the buffers' addresses, fixed at construction: a decode step calls the kernel
+    # 120 times, and recomputing them cost more than some of the calls.
+    shape: tuple[int, int] = field(init=False)
+    pointers: tuple[int, int, int] = field(init=False)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.codes.shape[0], self.codes.shape[1] * BLOCK
+    def __post_init__(self) -> None:
+        for t in (self.codes, self.d, self.m):
+            assert t is None or (t.is_contiguous() and t.device.type == "cpu")
+        object.__setattr__(self, "shape", (self.codes.shape[0], self.codes.shape[1] * BLOCK))
+        object.__setattr__(self, "pointers", (self.codes.data_ptr(), self.d.data_ptr(),
+                                              self.m.data_ptr() if self.m is not None else 0))
 
     @property
     def nbytes(self) -> int:
@@ -122,14 +129,16 @@ def qlinear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = N
     ext = kernel()
     assert ext is not None, "qlinear needs the built extension"
     n, k = weight.shape
-    x32 = x.detach().to(torch.float32).contiguous()
+    x32 = x if x.dtype == torch.float32 and x.is_contiguous() else (
+        x.detach().to(torch.float32).contiguous())
+    num_rows = x32.shape[0]
+    assert x32.shape[1] == k, (x32.shape, weight.shape)
     if add_to is not None:
         assert add_to.dtype == torch.float32 and add_to.is_contiguous()
-        assert add_to.shape == (x32.shape[0], n), (add_to.shape, x32.shape[0], n)
+        assert add_to.shape == (num_rows, n), (add_to.shape, num_rows, n)
         assert bias is None, "add_to takes no bias"
-    out = add_to if add_to is not None else torch.empty(x32.shape[0], n, dtype=torch.float32)
-    m_ptr = weight.m.data_ptr() if weight.m is not None else 0
-    ext.qlinear(weight.fmt, x32.data_ptr(), weight.codes.data_ptr(), weight.d.data_ptr(), m_ptr,
-                out.data_ptr(), x32.shape[0], n, k, num_threads or torch.get_num_threads(),
-                add_to is not None)
+    out = add_to if add_to is not None else torch.empty(num_rows, n, dtype=torch.float32)
+    codes, d, m = weight.pointers
+    ext.qlinear(weight.fmt, x32.data_ptr(), codes, d, m, out.data_ptr(), num_rows, n, k,
+                num_threads or torch.get_num_threads(), add_to is not None)
     return out if bias is None else out.add_(bias)
