@@ -10,8 +10,6 @@ The kernel is built by pip with the package (setup.py); where it was not (no C c
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
 from itertools import accumulate
 from types import ModuleType
 
@@ -21,8 +19,7 @@ from engine.attention.base import PagedBatch
 from engine.attention.cpu_flash import extend_attention
 from engine.errors import InvalidRequest
 from engine.kv_pool import KVPool
-
-logger = logging.getLogger(__name__)
+from engine.native import load_extension
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -31,12 +28,7 @@ MAX_HEAD_DIM = 256
 @functools.cache
 def kernel() -> ModuleType | None:
     """The compiled extension, or None where the install could not build it."""
-    try:
-        return importlib.import_module("engine.attention._paged_cpu")
-    except ImportError as exc:
-        logger.warning("the CPU paged-attention kernel is not built (%s); reinstall with a C "
-                       "compiler (pip install -e .) to use it. Using the torch path.", exc)
-        return None
+    return load_extension("engine.attention._paged_cpu", "Using the torch attention path.")
 
 
 def _rows_of(t: torch.Tensor) -> int:

@@ -15,8 +15,6 @@ model keeps its fp32 path (the loader says so).
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -24,7 +22,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-logger = logging.getLogger(__name__)
+from engine.native import load_extension
 
 BLOCK = 32  # weights a block, in every supported format
 Q4, Q8 = 4, 8  # the kernel's format ids
@@ -39,12 +37,7 @@ GGML_FORMATS = {
 @functools.cache
 def kernel() -> ModuleType | None:
     """The compiled extension, or None where the install could not build it."""
-    try:
-        return importlib.import_module("engine.models._qlinear_cpu")
-    except ImportError as exc:
-        logger.warning("the quantised linear kernel is not built (%s); reinstall with a C "
-                       "compiler (pip install -e .) to use it. Decode uses fp32 weights.", exc)
-        return None
+    return load_extension("engine.models._qlinear_cpu", "Decode uses the dense fp32 weights.")
 
 
 @dataclass(frozen=True)

@@ -7,24 +7,17 @@ is None and the model keeps its torch forward."""
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
 from types import ModuleType
 
 import torch
 
-logger = logging.getLogger(__name__)
+from engine.native import load_extension
 
 
 @functools.cache
 def kernel() -> ModuleType | None:
     """The compiled extension, or None where the install could not build it."""
-    try:
-        return importlib.import_module("engine.models._rowops_cpu")
-    except ImportError as exc:
-        logger.warning("the row-ops kernel is not built (%s); reinstall with a C compiler "
-                       "(pip install -e .) to use it", exc)
-        return None
+    return load_extension("engine.models._rowops_cpu", "The model keeps its torch forward.")
 
 
 def _ext() -> ModuleType:

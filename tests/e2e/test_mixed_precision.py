@@ -19,11 +19,9 @@ import torch
 
 from benchmarks.model_speed import corpus_ids
 from engine.attention.dense import DenseAttention
-from engine.engine import Engine, EngineConfig
 from engine.models.llama import MixedPrecision
 from engine.models.loader import LoadedModel, cpu_has_bf16
-from engine.protocol import Extend, Finished
-from engine.sampling_params import SamplingParams
+from tests.e2e.greedy import greedy_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -54,23 +52,11 @@ def test_mixed_logits_within_tolerance(loaded_model: LoadedModel) -> None:
         assert not (disagree & (margin > 1.0)).any(), margin[disagree]
 
 
-def _greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
-    engine = Engine(loaded, EngineConfig(enable_prefix_cache=False, kv_memory_bytes=256 << 20,
-                                         check_invariants=True))
-    for i, prompt in enumerate(prompts):
-        engine.submit(Extend(f"r{i}", "t", None, prompt,
-                             SamplingParams(max_tokens=32, ignore_eos=True)))
-    done = {m.request_id: m.output_token_ids for m in engine.run_until_idle()
-            if isinstance(m, Finished)}
-    engine.check_invariants()
-    return [done[f"r{i}"] for i in range(len(prompts))]
-
-
 def test_mixed_greedy_matches_fp32_on_most_prompts(loaded_model: LoadedModel) -> None:
     prompts = _prompts(loaded_model, NUM_PROMPTS)
     mixed = LoadedModel(loaded_model.path, loaded_model.model.with_mixed_precision(
         MixedPrecision()), loaded_model.tokenizer, 0.0)
-    want = _greedy(loaded_model, prompts)
-    got = _greedy(mixed, prompts)
+    want = greedy_outputs(loaded_model, prompts)
+    got = greedy_outputs(mixed, prompts)
     identical = sum(a == b for a, b in zip(want, got, strict=True))
     assert identical >= NUM_PROMPTS * 3 // 4, f"{identical}/{NUM_PROMPTS} identical"

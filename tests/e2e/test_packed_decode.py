@@ -10,13 +10,11 @@ import torch
 
 from benchmarks.model_speed import corpus_ids
 from engine.attention.dense import DenseAttention
-from engine.engine import Engine, EngineConfig
 from engine.models.llama import LlamaModel
 from engine.models.loader import LoadedModel
 from engine.models.quant import PackedWeight, kernel
-from engine.protocol import Extend, Finished
 from engine.reference import ContiguousKVAttention
-from engine.sampling_params import SamplingParams
+from tests.e2e.greedy import greedy_outputs
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(kernel() is None, reason="the qlinear kernel is not built")]
@@ -68,19 +66,7 @@ def test_decode_logits_equal_up_to_rounding(loaded_model: LoadedModel) -> None:
                                rtol=1e-4, atol=1e-4)
 
 
-def _greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
-    engine = Engine(loaded, EngineConfig(enable_prefix_cache=False, kv_memory_bytes=256 << 20,
-                                         check_invariants=True))
-    for i, prompt in enumerate(prompts):
-        engine.submit(Extend(f"r{i}", "t", None, prompt,
-                             SamplingParams(max_tokens=32, ignore_eos=True)))
-    done = {m.request_id: m.output_token_ids for m in engine.run_until_idle()
-            if isinstance(m, Finished)}
-    engine.check_invariants()
-    return [done[f"r{i}"] for i in range(len(prompts))]
-
-
 def test_greedy_output_identical_to_dense(loaded_model: LoadedModel) -> None:
     ids = corpus_ids(loaded_model.tokenizer, 8 * 450)
     prompts = [ids[i * 450 : i * 450 + 200] for i in range(8)]
-    assert _greedy(loaded_model, prompts) == _greedy(_dense(loaded_model), prompts)
+    assert greedy_outputs(loaded_model, prompts) == greedy_outputs(_dense(loaded_model), prompts)
