@@ -215,7 +215,10 @@ class LlamaModel:
         sin = self._sin[positions].unsqueeze(1)
         num_tokens = input_ids.shape[0]
         linears = self._linears(num_tokens)
-        if linears is self._packed_layers and rowops.kernel() is not None:
+        # Any fp32 CPU forward of a packed model (decode on codes, extend on oneDNN weights);
+        # mixed-precision extends keep the torch path, which casts their rows.
+        if (self.packed is not None and linears is not self._extend_layers
+                and rowops.kernel() is not None):
             return packed_forward(self, linears, input_ids, positions, attention, self._cos,
                                   self._sin)
         for layer_idx, layer in enumerate(self.weights.layers):

@@ -1,12 +1,14 @@
-"""The forward of a decode-sized batch over packed weights, in few calls a layer.
+"""The CPU fp32 forward over packed weights, in few calls a layer.
 
-`LlamaModel.forward` runs ~40 torch ops a layer; for the few rows of a decode step (or a draft
-verification) each op costs more in dispatch than in arithmetic on a small CPU. This forward
-does the same math in 9 calls a layer: RMSNorm, rotary and SiLU-gate in C (rowops), the
-projections from the GGUF's own codes (quant.qlinear) with the residual adds fused into the
-o and down projections. A projection left dense (a format the kernel does not read) runs in
-torch. Used only on the CPU for fp32 models with packed weights (`LlamaModel._fast_rows`);
-tests/e2e/test_packed_decode.py proves it equal to the dense forward up to rounding.
+`LlamaModel.forward` runs ~40 torch ops a layer. For the few rows of a decode step (or a draft
+verification) each op costs more in dispatch than in arithmetic on a small CPU; for the hundreds
+of rows of an extend each is a separate pass over memory. This forward does the same math in 9
+calls a layer: RMSNorm, rotary and SiLU-gate in C (rowops), the projections with the residual
+adds fused into the o and down projections. A projection runs on whatever form the model holds
+for that row count: the GGUF's own codes (quant.qlinear, few rows), oneDNN's blocked layout
+(extends), or a dense tensor. Used only on the CPU for fp32 models with packed weights
+(`LlamaModel.forward`); tests/e2e/test_packed_decode.py proves it equal to the dense forward up
+to rounding.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import rowops
+from engine.models.onednn import OneDnnWeight, onednn_linear
 from engine.models.quant import PackedWeight, qlinear
 
 if TYPE_CHECKING:
@@ -27,7 +30,8 @@ if TYPE_CHECKING:
 def _project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(weight, PackedWeight):
         return qlinear(x, weight, bias)
-    assert isinstance(weight, torch.Tensor), "decode layers hold codes or dense tensors"
+    if isinstance(weight, OneDnnWeight):
+        return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

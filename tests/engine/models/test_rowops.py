@@ -13,7 +13,7 @@ from engine.models.llama import apply_rotary, rms_norm, rotary_tables
 pytestmark = pytest.mark.skipif(rowops.kernel() is None, reason="the row-ops kernel is not built")
 
 
-@pytest.mark.parametrize("num_rows", [0, 1, 3, 17])
+@pytest.mark.parametrize("num_rows", [0, 1, 3, 17, 64])
 def test_rms_norm(num_rows: int) -> None:
     x = torch.randn(num_rows, 576) * 3
     w = torch.randn(576)
@@ -21,25 +21,29 @@ def test_rms_norm(num_rows: int) -> None:
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_rows", [1, 2, 9])
-def test_silu_mul(num_rows: int) -> None:
-    gate_up = torch.randn(num_rows, 2 * 96) * 4
+@pytest.mark.parametrize(("num_rows", "inter"), [(1, 96), (2, 96), (9, 100), (40, 101)])
+def test_silu_mul(num_rows: int, inter: int) -> None:
+    # 40 rows take the OpenMP path; widths off the 8-lane vectors take the scalar tail; the
+    # scale reaches gates where e^-g would overflow a float unclamped.
+    gate_up = torch.randn(num_rows, 2 * inter) * 4
+    gate_up[:, 0] = torch.linspace(-200.0, 200.0, num_rows)
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(rowops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
-def test_rotary_rotates_q_and_k_heads_only() -> None:
+@pytest.mark.parametrize("positions", [torch.tensor([0, 7, 300, 511]), torch.arange(0, 512, 8)])
+def test_rotary_rotates_q_and_k_heads_only(positions: torch.Tensor) -> None:
     cfg = ModelConfig(architecture="llama", num_layers=1, hidden_size=64, intermediate_size=8,
                       num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=32,
                       rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=512,
                       tie_word_embeddings=True)
     cos, sin = rotary_tables(cfg, torch.float32)
-    positions = torch.tensor([0, 7, 300, 511])
-    qkv = torch.randn(4, cfg.q_size + 2 * cfg.kv_size)
+    num_rows = positions.shape[0]
+    qkv = torch.randn(num_rows, cfg.q_size + 2 * cfg.kv_size)
     q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-    want_q = apply_rotary(q.reshape(4, 4, 16), c, s).reshape(4, -1)
-    want_k = apply_rotary(k.reshape(4, 2, 16), c, s).reshape(4, -1)
+    want_q = apply_rotary(q.reshape(num_rows, 4, 16), c, s).reshape(num_rows, -1)
+    want_k = apply_rotary(k.reshape(num_rows, 2, 16), c, s).reshape(num_rows, -1)
     want_v = v.clone()
     got = rowops.rotary_(qkv.clone(), cfg.num_heads + cfg.num_kv_heads, 16, positions, cos, sin)
     torch.testing.assert_close(got[:, : cfg.q_size], want_q, rtol=1e-5, atol=1e-5)
