@@ -11,12 +11,14 @@ need no torch headers, only a C compiler with OpenMP; without one the install st
 from setuptools import Extension, setup
 
 # No -ffast-math: it would switch the whole process to flush-to-zero.
+# Shared by the kernels (MANIFEST.in puts them in the sdist).
+HEADERS = ["engine/csrc/simd_exp.h"]
 COMPILE_ARGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11"]
 
 
 def extension(name: str, source: str) -> Extension:
-    return Extension(name, sources=[source], extra_compile_args=COMPILE_ARGS,
-                     extra_link_args=["-fopenmp"], optional=True)
+    return Extension(name, sources=[source], include_dirs=["engine/csrc"], depends=HEADERS,
+                     extra_compile_args=COMPILE_ARGS, extra_link_args=["-fopenmp"], optional=True)
 
 
 setup(ext_modules=[

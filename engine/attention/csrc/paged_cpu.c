@@ -93,7 +93,7 @@ static void prefetch_tile(const Args *a, const int64_t *pages, int64_t h, int64_
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "simd_exp.h"
 #define PA_AVX2 1
 
 /* [sum(a[0]), .., sum(a[7])]: eight horizontal sums at once. */
@@ -106,24 +106,6 @@ static inline __m256 sum8(const __m256 a[8]) {
 }
 
 
-/* exp_nonpos on eight lanes: the same steps and constants, so the same values. */
-static inline __m256 exp8_nonpos(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f));
-    __m256 fi = _mm256_floor_ps(t);
-    __m256 y = _mm256_mul_ps(_mm256_sub_ps(t, fi), _mm256_set1_ps(0.6931471805599453f));
-    __m256 p = _mm256_set1_ps(1.9841270e-4f);
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.3888889e-3f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(8.3333333e-3f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(4.1666667e-2f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.6666667e-1f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvttps_epi32(fi), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
 #endif
 
 /* p[j] = e^(p[j] - top) for j < n; returns their sum. */
@@ -133,7 +115,7 @@ static float exp_shifted(float *p, int n, float top) {
 #ifdef PA_AVX2
     __m256 vsum = _mm256_setzero_ps(), vtop = _mm256_set1_ps(top);
     for (; j + 8 <= n; j += 8) {
-        __m256 e = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(p + j), vtop));
+        __m256 e = rg_exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), vtop));
         _mm256_storeu_ps(p + j, e);
         vsum = _mm256_add_ps(vsum, e);
     }

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "simd_exp.h"
 #define RO_AVX2 1
 #endif
 
@@ -59,27 +59,6 @@ static void rotate_rows(float *x, int64_t row_stride, int64_t num_rows, int64_t 
     }
 }
 
-#ifdef RO_AVX2
-/* e^x for x clamped to [-87, 87] (so 2^n stays a normal float): x = (n + f) / log2(e) with
- * n = floor, e^(f ln 2) by its degree-7 Taylor polynomial; relative error ~1e-7. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
-    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f));
-    __m256 fi = _mm256_floor_ps(t);
-    __m256 y = _mm256_mul_ps(_mm256_sub_ps(t, fi), _mm256_set1_ps(0.6931471805599453f));
-    __m256 p = _mm256_set1_ps(1.9841270e-4f);
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.3888889e-3f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(8.3333333e-3f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(4.1666667e-2f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.6666667e-1f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvttps_epi32(fi), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-#endif
 
 static void silu_mul_rows(const float *gate_up, float *out, int64_t num_rows, int64_t inter) {
 #pragma omp parallel for if (num_rows >= PARALLEL_ROWS) schedule(static)
@@ -91,7 +70,7 @@ static void silu_mul_rows(const float *gate_up, float *out, int64_t num_rows, in
         const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
         for (; i + 8 <= inter; i += 8) {
             __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 e = exp8(_mm256_sub_ps(zero, gv));
+            __m256 e = rg_exp8(_mm256_sub_ps(zero, gv));
             __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
             _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
         }
