@@ -210,9 +210,6 @@ class LlamaModel:
     ) -> torch.Tensor:
         """input_ids, positions: int64 (N,). Returns final-normed hidden states (N, hidden)."""
         cfg = self.config
-        x = F.embedding(input_ids, self.weights.embed)
-        cos = self._cos[positions].unsqueeze(1)
-        sin = self._sin[positions].unsqueeze(1)
         num_tokens = input_ids.shape[0]
         linears = self._linears(num_tokens)
         # Any fp32 CPU forward of a packed model (decode on codes, extend on oneDNN weights);
@@ -221,6 +218,9 @@ class LlamaModel:
                 and rowops.kernel() is not None):
             return packed_forward(self, linears, input_ids, positions, attention, self._cos,
                                   self._sin)
+        x = F.embedding(input_ids, self.weights.embed)
+        cos = self._cos[positions].unsqueeze(1)
+        sin = self._sin[positions].unsqueeze(1)
         for layer_idx, layer in enumerate(self.weights.layers):
             lin = linears[layer_idx]
             h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
