@@ -12,7 +12,8 @@ from tqdm import tqdm
 
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModel
-from engine.models.llama import LayerWeights, LlamaWeights, PackedWeights, Weight
+from engine.models.linear import Weight
+from engine.models.llama import LayerWeights, LlamaWeights, PackedWeights
 from engine.models.quant import PackedWeight, concat, pack_ggml
 from engine.tokenizer_gguf import read_gguf_metadata, read_gguf_tensors
 

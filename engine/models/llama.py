@@ -16,13 +16,9 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.models import rowops
-from engine.models.onednn import OneDnnWeight, onednn_linear
+from engine.models.linear import Weight, linear
 from engine.models.packed_forward import packed_forward
-from engine.models.quant import PackedWeight, qlinear
-
-# A projection's weight: a dense tensor, the GGUF's own quantised codes (few-row forwards), or
-# a dense tensor in oneDNN's layout (extends).
-Weight = torch.Tensor | PackedWeight | OneDnnWeight
+from engine.models.quant import PackedWeight
 
 
 class AttentionFn(Protocol):
@@ -68,18 +64,6 @@ def rotary_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` computed in the weight's dtype (fp32 for packed codes), returned in
-    `x`'s dtype."""
-    if isinstance(weight, PackedWeight):
-        return qlinear(x, weight, bias).to(x.dtype)
-    if isinstance(weight, OneDnnWeight):
-        return onednn_linear(x, weight, bias)
-    if weight.dtype == x.dtype:
-        return F.linear(x, weight, bias)
-    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
 @dataclass(frozen=True)

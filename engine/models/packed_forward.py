@@ -20,19 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import rowops
-from engine.models.onednn import OneDnnWeight, onednn_linear
+from engine.models.linear import Weight, linear
 from engine.models.quant import PackedWeight, qlinear
 
 if TYPE_CHECKING:
-    from engine.models.llama import AttentionFn, LayerWeights, LlamaModel, Weight
-
-
-def _project(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if isinstance(weight, PackedWeight):
-        return qlinear(x, weight, bias)
-    if isinstance(weight, OneDnnWeight):
-        return onednn_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    from engine.models.llama import AttentionFn, LayerWeights, LlamaModel
 
 
 def _add_projection(residual: torch.Tensor, x: torch.Tensor, weight: Weight) -> None:
@@ -40,7 +32,7 @@ def _add_projection(residual: torch.Tensor, x: torch.Tensor, weight: Weight) -> 
     if isinstance(weight, PackedWeight):
         qlinear(x, weight, add_to=residual)
     else:
-        residual.add_(_project(x, weight))
+        residual.add_(linear(x, weight))
 
 
 def packed_forward(model: LlamaModel, linears: Sequence[LayerWeights], input_ids: torch.Tensor,
@@ -53,13 +45,13 @@ def packed_forward(model: LlamaModel, linears: Sequence[LayerWeights], input_ids
     positions = positions.contiguous()
     x = F.embedding(input_ids, model.weights.embed).contiguous()
     for layer_idx, (layer, lin) in enumerate(zip(model.weights.layers, linears, strict=True)):
-        qkv = _project(rowops.rms_norm(x, layer.attn_norm, eps), lin.qkv, lin.qkv_bias)
+        qkv = linear(rowops.rms_norm(x, layer.attn_norm, eps), lin.qkv, lin.qkv_bias)
         rowops.rotary_(qkv, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim, positions, cos, sin)
         q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         attn = attention(layer_idx, q.view(num_tokens, cfg.num_heads, cfg.head_dim),
                          k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim),
                          v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim))
         _add_projection(x, attn.reshape(num_tokens, cfg.q_size), lin.o)
-        gate_up = _project(rowops.rms_norm(x, layer.ffn_norm, eps), lin.gate_up)
+        gate_up = linear(rowops.rms_norm(x, layer.ffn_norm, eps), lin.gate_up)
         _add_projection(x, rowops.silu_mul(gate_up), lin.down)
     return rowops.rms_norm(x, model.weights.norm, eps)

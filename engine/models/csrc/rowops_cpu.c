@@ -59,7 +59,6 @@ static void rotate_rows(float *x, int64_t row_stride, int64_t num_rows, int64_t 
     }
 }
 
-
 static void silu_mul_rows(const float *gate_up, float *out, int64_t num_rows, int64_t inter) {
 #pragma omp parallel for if (num_rows >= PARALLEL_ROWS) schedule(static)
     for (int64_t r = 0; r < num_rows; r++) {
