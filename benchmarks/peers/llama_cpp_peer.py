@@ -4,18 +4,51 @@ Its "prefix cache" is the prompt-prefix reuse of one `Llama` object: `generate` 
 common prefix of the previous sequence (prompt plus evaluated output) in the KV cache and evaluates
 only the rest. Only the most recent sequence is kept, so a fork back to an older branch is a miss
 past the fork point. `reset_cache()` calls `Llama.reset()`, which is instant.
+
+On a CPU with AMX-INT8 the model loads with llama.cpp's extra buffer types off (its `--no-repack`):
+the AMX buffer's matmul segfaults on this GGUF there (ggml-org/llama.cpp#20824, open), which would
+take the whole benchmark process down. The AVX-512/VNNI kernels still run.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.base import check_num_tokens, check_prompt, timed_decode_tok_s
 
 N_CTX = 8192  # SmolLM2's trained context window
+
+
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has AMX-INT8, where llama.cpp puts quantised weights in its AMX buffer."""
+    try:
+        return "amx_int8" in cpuinfo.read_text().split()
+    except OSError:
+        return False
+
+
+@contextmanager
+def _model_params(*, use_extra_bufts: bool) -> Iterator[None]:
+    """`llama_cpp.Llama` has no argument for `use_extra_bufts`; while this block runs, the default
+    model params it starts from carry the given value."""
+    from llama_cpp import llama_cpp as lib
+
+    defaults = lib.llama_model_default_params
+
+    def patched() -> Any:
+        params = defaults()
+        params.use_extra_bufts = use_extra_bufts
+        return params
+
+    lib.llama_model_default_params = patched
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = defaults
 
 
 class LlamaCppPeer:
@@ -27,14 +60,16 @@ class LlamaCppPeer:
 
         self.name = "llama.cpp"
         self.last_cached_len: int | None = None
+        self.extra_bufts = not cpu_has_amx()
         start = time.perf_counter()
-        self._llm: Any = llama_cpp.Llama(
-            model_path=str(gguf_path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-        )
+        with _model_params(use_extra_bufts=self.extra_bufts):
+            self._llm: Any = llama_cpp.Llama(
+                model_path=str(gguf_path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                verbose=False,
+            )
         self.load_s = time.perf_counter() - start
         self._eos_token_id = int(self._llm.token_eos())
 
