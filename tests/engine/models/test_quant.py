@@ -114,7 +114,9 @@ def test_packed_model_equals_dense(tiny: LoadedModel, qtype: GGMLQuantizationTyp
         positions = torch.arange(num_rows)
         want = dense.logits(dense.forward(ids, positions, DenseAttention([num_rows])))
         got = packed.logits(packed.forward(ids, positions, DenseAttention([num_rows])))
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # Summation order differs (AVX-512 MKL vs the codes kernel: up to 1.5e-4 seen on a
+        # Xeon); a wrong weight or code moves logits by O(1).
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-4)
 
 
 def test_packed_decode_is_cpu_only(tiny: LoadedModel) -> None:
