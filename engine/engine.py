@@ -63,8 +63,8 @@ class Engine:
         self.clock = clock
         model = self.loaded.model
         layout = plan_kv_layout(model.config, self.config.kv_memory_bytes, self.config.page_size,
-                                model.dtype)
-        self.kv_pool = KVPool(model.config, layout, model.dtype, device=model.device)
+                                model.kv_dtype)
+        self.kv_pool = KVPool(model.config, layout, model.kv_dtype, device=model.device)
         self.page_pool = PagePool(layout.num_pages)
         c = self.config
         self.cache, self.tiers = build_cache(

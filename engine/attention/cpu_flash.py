@@ -42,9 +42,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         folded_q, k[:prefix_len].transpose(0, 1), v[:prefix_len].transpose(0, 1), causal=False)
     prefix_out = prefix_out.reshape(num_heads, t_len, head_dim)
     prefix_lse = prefix_lse.reshape(num_heads, t_len)
-    # out = (e^lse_p * out_p + e^lse_s * out_s) / (e^lse_p + e^lse_s), computed stably.
-    top = torch.maximum(prefix_lse, self_lse)
-    prefix_w = torch.exp(prefix_lse - top).unsqueeze(-1)
-    self_w = torch.exp(self_lse - top).unsqueeze(-1)
-    merged = (prefix_out * prefix_w + self_out * self_w) / (prefix_w + self_w)
+    # out = (e^lse_p * out_p + e^lse_s * out_s) / (e^lse_p + e^lse_s)
+    #     = out_s + (out_p - out_s) * sigmoid(lse_p - lse_s): three ops, stable for any lse.
+    prefix_w = torch.sigmoid(prefix_lse - self_lse).unsqueeze(-1).to(self_out.dtype)
+    merged = torch.lerp(self_out, prefix_out, prefix_w)
     return merged.transpose(0, 1).to(q.dtype)

@@ -50,9 +50,9 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
     bf16, one layer of the pool; pages: every sequence's page ids concatenated, sequence s's
     from page_starts[s]. All index tensors int64 on the CPU. -> (R, Hq, D) in q's dtype.
 
-    `new_kv` = (k, v, slots): the step's new K/V rows ((N, Hkv, D), the pool's dtype, rows may
-    be strided, e.g. views of a fused qkv) are first written to their slots (int64 (N,)), in
-    the same call."""
+    `new_kv` = (k, v, slots): the step's new K/V rows ((N, Hkv, D), the pool's dtype or fp32
+    into a bf16 pool, rows may be strided, e.g. views of a fused qkv) are first written to
+    their slots (int64 (N,)), in the same call."""
     ext = kernel()
     assert ext is not None, "paged_attention needs the built extension"
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -61,13 +61,16 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
         q32 = q32.to(torch.float32).contiguous()
     out = torch.empty(q32.shape, dtype=torch.float32)
     new_k_ptr = new_v_ptr = slots_ptr = new_stride = num_new = 0
+    new_fp32 = False
     if new_kv is not None:
         new_k, new_v, slots = new_kv
         new_stride = _rows_of(new_k)
-        if (new_stride < 0 or _rows_of(new_v) != new_stride or new_k.dtype != flat_k.dtype
-                or new_v.dtype != flat_k.dtype or slots.dtype != torch.int64):
-            flat_k[slots] = new_k
-            flat_v[slots] = new_v
+        new_fp32 = new_k.dtype == torch.float32 and flat_k.dtype == torch.bfloat16
+        storable = new_k.dtype == flat_k.dtype or new_fp32
+        if (new_stride < 0 or _rows_of(new_v) != new_stride or not storable
+                or new_v.dtype != new_k.dtype or slots.dtype != torch.int64):
+            flat_k[slots] = new_k.to(flat_k.dtype)
+            flat_v[slots] = new_v.to(flat_v.dtype)
         else:
             new_k_ptr, new_v_ptr, slots_ptr = new_k.data_ptr(), new_v.data_ptr(), slots.data_ptr()
             num_new = slots.shape[0]
@@ -76,7 +79,7 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
         page_starts.data_ptr(), context_lens.data_ptr(), row_starts.data_ptr(),
         len(context_lens), num_heads, flat_k.shape[1], head_dim, page_size, split_len,
         flat_k.dtype == torch.bfloat16, head_dim**-0.5, torch.get_num_threads(),
-        _rows_of(q32), new_k_ptr, new_v_ptr, slots_ptr, new_stride, num_new)
+        _rows_of(q32), new_k_ptr, new_v_ptr, slots_ptr, new_stride, new_fp32, num_new)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
@@ -135,13 +138,15 @@ class CpuPagedAttention:
         if self.short_items and not self.long_items:
             # One call stores the new K/V and attends (a decode step: no torch op at all).
             return self._kernel(q, flat_k, flat_v, (k, v, self.batch.slot_mapping))
-        flat_k[self.batch.slot_mapping] = k
-        flat_v[self.batch.slot_mapping] = v
+        flat_k[self.batch.slot_mapping] = k.to(flat_k.dtype)
+        flat_v[self.batch.slot_mapping] = v.to(flat_v.dtype)
         out = torch.empty_like(q)
         for i in self.long_items:
             start, end = self.row_starts[i], self.row_starts[i + 1]
             slots = self.long_slots[i]
-            out[start:end] = extend_attention(q[start:end], flat_k[slots], flat_v[slots])
+            # In the pool's dtype: a mixed-precision model's bf16 pool runs bf16 GEMMs here.
+            out[start:end] = extend_attention(q[start:end].to(flat_k.dtype), flat_k[slots],
+                                              flat_v[slots])
         if self.short_rows is not None:
             out[self.short_rows] = self._kernel(q[self.short_rows], flat_k, flat_v)
         return out

@@ -92,6 +92,10 @@ class TorchPagedAttention:
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         flat_k, flat_v = self.pool.flat_k(layer_idx), self.pool.flat_v(layer_idx)
+        # Attention runs in the pool's dtype (a mixed-precision model's pool is bf16 under fp32
+        # rows); the output comes back in q's.
+        out_dtype = q.dtype
+        q, k, v = q.to(flat_k.dtype), k.to(flat_k.dtype), v.to(flat_k.dtype)
         flat_k[self.batch.slot_mapping] = k
         flat_v[self.batch.slot_mapping] = v
         batched = self.decode_items
@@ -108,13 +112,14 @@ class TorchPagedAttention:
                 attend = extend_attention if fused else causal_attention
             outs.append((i, attend(q[start:end], flat_k[slots], flat_v[slots])))
         if not batched:
-            return outs[0][1] if len(outs) == 1 else torch.cat([o for _, o in outs], dim=0)
+            joined = outs[0][1] if len(outs) == 1 else torch.cat([o for _, o in outs], dim=0)
+            return joined.to(out_dtype)
         out = torch.empty_like(q)
         out[self.decode_rows] = gathered_decode_attention(
             q[self.decode_rows], flat_k, flat_v, self.decode_slots, self.decode_valid)
         for i, part in outs:
             out[self.row_starts[i] : self.row_starts[i + 1]] = part
-        return out
+        return out.to(out_dtype)
 
 
 class TorchSdpaPagedAttention(TorchPagedAttention):

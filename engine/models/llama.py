@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
-from engine.models import rowops
+from engine.models import onednn, rowops
 from engine.models.linear import Weight, linear
 from engine.models.packed_forward import packed_forward
 from engine.models.quant import PackedWeight
@@ -70,11 +70,17 @@ def rotary_tables(config: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor
 class MixedPrecision:
     """Forwards of at least `min_rows` rows run their linear layers in `dtype`; smaller ones run
     them in the model's dtype (with the default min_rows of 1, every forward uses `dtype`).
-    Norms, rotary, attention, the residual stream and the KV pool stay in the model's dtype, so
-    every step reads and writes one pool. `min_rows` is where the lower-precision GEMM starts
-    to win on the CPU (benchmarks/model_speed.py measures it)."""
+    Norms, rotary and the residual stream stay in the model's dtype; the KV pool is in `dtype`
+    when `kv` (else the model's), one pool that every step reads and writes, and attention
+    computes its GEMMs in the pool's dtype. Packed decode steps (the GGUF codes kernel) stay
+    fp32 whatever `min_rows` says. `min_rows` is where the lower-precision GEMM starts to win
+    on the CPU (benchmarks/model_speed.py measures it)."""
 
     dtype: torch.dtype = torch.bfloat16
+    # The KV pool in `dtype` too, so extend attention runs its GEMMs in `dtype` (decode
+    # attention reads half the bytes and accumulates in fp32). K and V come out of `dtype`
+    # projections, so storing them in `dtype` rounds only the rotated keys once more.
+    kv: bool = True
     # 1: decode too. With bf16 dot-product instructions a bf16 projection reads half the bytes
     # and is faster even for one row (engine decode 64-90 vs 49-71 tok/s fp32 on an AVX512-BF16
     # CPU; min_rows 8, fp32 decode, was no faster than fp32).
@@ -120,6 +126,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """"fp32", "bf16", "fp16", or torch's name of another dtype."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    return names.get(dtype, str(dtype))
+
+
 class LlamaModel:
     """Weights plus the forward pass. Stateless across calls: all KV state lives in the backend."""
 
@@ -134,7 +146,9 @@ class LlamaModel:
         self.packed = packed if self.device.type == "cpu" and dtype == torch.float32 else None
         self._packed_layers = self.packed.decode_layers if self.packed is not None else None
         # Copies of the linear weights in the extend dtype; the fp32 ones remain for decode.
-        self._extend_layers = ([_cast_linears(layer, mixed.dtype) for layer in weights.layers]
+        # With packed weights they are packed too (oneDNN's layout, which AMX reads fastest).
+        self._extend_layers = ([_cast_linears(layer, mixed.dtype, pack=self.packed is not None)
+                                for layer in weights.layers]
                                if mixed is not None and mixed.dtype != dtype else None)
         self._lm_head = (weights.lm_head.to(mixed.dtype)
                          if mixed is not None and mixed.lm_head else weights.lm_head)
@@ -163,19 +177,31 @@ class LlamaModel:
         return LlamaModel(self.config, self.weights, self.dtype, self.mixed, packed)
 
     @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of the KV pool an engine builds for this model."""
+        return self.mixed.dtype if self.mixed is not None and self.mixed.kv else self.dtype
+
+    @property
     def precision_name(self) -> str:
         """"fp32", "bf16", or "bf16+fp32" (projections in bf16 from `mixed.min_rows` rows on,
-        everything else in fp32) for logs and stats."""
-        names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-        base = names.get(self.dtype, str(self.dtype))
+        the KV pool too with `mixed.kv`; norms, residual stream and lm_head in fp32) for logs
+        and stats."""
+        base = _dtype_name(self.dtype)
         if self._extend_layers is None or self.mixed is None:
             return base
-        return f"{names.get(self.mixed.dtype, str(self.mixed.dtype))}+{base}"
+        return f"{_dtype_name(self.mixed.dtype)}+{base}"
 
     @property
     def weights_name(self) -> str:
-        """"dense", or which packed layouts the forwards read (`PackedWeights.name`)."""
-        return "dense" if self.packed is None else self.packed.name
+        """"dense", or which packed layouts the forwards read (`PackedWeights.name`; mixed
+        precision's extends on bf16 weights in oneDNN's layout say "onednn bf16 extends")."""
+        if self.packed is None:
+            return "dense"
+        extend = self._extend_layers[0].qkv if self._extend_layers else None
+        if isinstance(extend, onednn.OneDnnWeight):
+            return (f"gguf codes (<= {self.packed.max_rows} rows), "
+                    f"onednn {_dtype_name(extend.packed.dtype)} extends")
+        return self.packed.name
 
     def _linears(self, num_rows: int) -> list[LayerWeights] | tuple[LayerWeights, ...]:
         """The projection weights a forward of `num_rows` rows uses."""
@@ -196,10 +222,9 @@ class LlamaModel:
         cfg = self.config
         num_tokens = input_ids.shape[0]
         linears = self._linears(num_tokens)
-        # Any fp32 CPU forward of a packed model (decode on codes, extend on oneDNN weights);
-        # mixed-precision extends keep the torch path, which casts their rows.
-        if (self.packed is not None and linears is not self._extend_layers
-                and rowops.kernel() is not None):
+        # Any CPU forward of a packed model (decode on codes, extend on oneDNN weights, fp32 or
+        # mixed precision's bf16).
+        if self.packed is not None and rowops.kernel() is not None:
             return packed_forward(self, linears, input_ids, positions, attention, self._cos,
                                   self._sin)
         x = F.embedding(input_ids, self.weights.embed)
@@ -229,12 +254,15 @@ class LlamaModel:
         return linear(hidden, lm_head).float()
 
 
-def _cast_linears(layer: LayerWeights, dtype: torch.dtype) -> LayerWeights:
-    """`layer` with its dense projection weights (and q/k/v bias) in `dtype`; norms are not
-    used. `layer` is a model's own dense layer, never a packed one."""
-    def cast(weight: Weight) -> torch.Tensor:
+def _cast_linears(layer: LayerWeights, dtype: torch.dtype, pack: bool = False) -> LayerWeights:
+    """`layer` with its dense projection weights (and q/k/v bias) in `dtype`, in oneDNN's layout
+    when `pack` (on the CPU, where oneDNN is available); norms are not used. `layer` is a
+    model's own dense layer, never a packed one."""
+    pack = pack and layer.attn_norm.device.type == "cpu" and onednn.available()
+
+    def cast(weight: Weight) -> Weight:
         assert isinstance(weight, torch.Tensor), "only dense weights are cast"
-        return weight.to(dtype)
+        return onednn.OneDnnWeight.pack(weight.to(dtype)) if pack else weight.to(dtype)
 
     bias = layer.qkv_bias.to(dtype) if layer.qkv_bias is not None else None
     return replace(layer, qkv=cast(layer.qkv), qkv_bias=bias, o=cast(layer.o),

@@ -54,10 +54,10 @@ class ModelDrafter:
                  kv_memory_bytes: int = 128 << 20, page_size: int = 16) -> None:
         model = draft.model
         self.max_draft_len = max_draft_len
-        layout = plan_kv_layout(model.config, kv_memory_bytes, page_size, model.dtype)
+        layout = plan_kv_layout(model.config, kv_memory_bytes, page_size, model.kv_dtype)
         self.page_size = page_size
         self.pool = PagePool(layout.num_pages)
-        self.runner = ModelRunner(model, KVPool(model.config, layout, model.dtype),
+        self.runner = ModelRunner(model, KVPool(model.config, layout, model.kv_dtype),
                                   get_backend("torch"))
         self._seqs: dict[str, _DraftSeq] = {}
 

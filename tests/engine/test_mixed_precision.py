@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine.attention.dense import DenseAttention
@@ -41,13 +42,15 @@ def test_steps_below_min_rows_run_the_fp32_path_exactly(tiny: LoadedModel) -> No
     assert not torch.equal(_hidden(tiny, MixedPrecision(min_rows=len(ids)), ids), reference)
 
 
-def test_mixed_keeps_fp32_weights_and_kv_pool(tiny: LoadedModel) -> None:
-    model = tiny.model.with_mixed_precision(MixedPrecision())
+@pytest.mark.parametrize("kv", [True, False])
+def test_mixed_keeps_fp32_weights_and_its_kv_pool_dtype(tiny: LoadedModel, kv: bool) -> None:
+    model = tiny.model.with_mixed_precision(MixedPrecision(kv=kv))
     assert model.dtype == torch.float32 and model.precision_name == "bf16+fp32"
     assert model.weights.layers[0].qkv.dtype == torch.float32  # the reference path is intact
     engine = Engine(LoadedModel(tiny.path, model, tiny.tokenizer, 0.0),
                     EngineConfig(kv_memory_bytes=8 << 20, check_invariants=True))
-    assert engine.kv_pool.k[0].dtype == torch.float32
+    # kv: the pool (and so extend attention) in bf16, half the bytes a decode step reads.
+    assert engine.kv_pool.k[0].dtype == (torch.bfloat16 if kv else torch.float32)
     engine.submit(Extend("r", "t", None, list(range(300, 340)), SamplingParams(max_tokens=4)))
     done = [m for m in engine.run_until_idle() if isinstance(m, Finished)]
     assert done[0].output_len == 4

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bf16.h"
 
 #define TILE 64         /* positions scored at a time */
 #define MAX_HEAD_DIM 256
@@ -319,15 +320,25 @@ static int run(const Args *a, int num_threads) {
     return 0;
 }
 
+static void rows_to_bf16(uint16_t *dst, const float *src, size_t n) {
+#pragma omp simd
+    for (size_t d = 0; d < n; d++) dst[d] = rg_to_bf16(src[d]);
+}
+
 /* Writes the new tokens' K and V rows (num_new rows, `new_stride` elements apart, the pool's
- * dtype) into their slots of one layer of the pool. */
+ * dtype, or fp32 into a bf16 pool when `new_fp32`) into their slots of one layer. */
 static void store_new(const Args *a, const void *new_k, const void *new_v, int64_t new_stride,
-                      const int64_t *slots, int64_t num_new) {
+                      int new_fp32, const int64_t *slots, int64_t num_new) {
     size_t elem = a->bf16 ? 2 : 4, row = (size_t)(a->num_kv_heads * a->head_dim);
     for (int64_t i = 0; i < num_new; i++) {
-        size_t dst = (size_t)slots[i] * row * elem, src = (size_t)(i * new_stride) * elem;
-        memcpy((char *)a->k + dst, (const char *)new_k + src, row * elem);
-        memcpy((char *)a->v + dst, (const char *)new_v + src, row * elem);
+        size_t dst = (size_t)slots[i] * row * elem, src = (size_t)(i * new_stride);
+        if (new_fp32 && a->bf16) {
+            rows_to_bf16((uint16_t *)((char *)a->k + dst), (const float *)new_k + src, row);
+            rows_to_bf16((uint16_t *)((char *)a->v + dst), (const float *)new_v + src, row);
+            continue;
+        }
+        memcpy((char *)a->k + dst, (const char *)new_k + src * elem, row * elem);
+        memcpy((char *)a->v + dst, (const char *)new_v + src * elem, row * elem);
     }
 }
 
@@ -337,13 +348,13 @@ static PyObject *paged_attention(PyObject *self, PyObject *args) {
     unsigned long long new_k, new_v, slots;
     long long num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len, q_stride;
     long long new_stride, num_new;
-    int bf16, num_threads;
+    int bf16, num_threads, new_fp32;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLL", &q, &k, &v, &out, &pages,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLpL", &q, &k, &v, &out, &pages,
                           &page_starts, &context_lens, &row_starts, &num_seqs, &num_heads,
                           &num_kv_heads, &head_dim, &page_size, &split_len, &bf16, &scale,
                           &num_threads, &q_stride, &new_k, &new_v, &slots, &new_stride,
-                          &num_new))
+                          &new_fp32, &num_new))
         return NULL;
     if (head_dim > MAX_HEAD_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
         page_size <= 0 || split_len <= 0 || num_threads <= 0 || num_new < 0) {
@@ -356,8 +367,8 @@ static PyObject *paged_attention(PyObject *self, PyObject *args) {
               num_kv_heads, head_dim, page_size, split_len, q_stride, scale};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    store_new(&a, (const void *)new_k, (const void *)new_v, new_stride, (const int64_t *)slots,
-              num_new);
+    store_new(&a, (const void *)new_k, (const void *)new_v, new_stride, new_fp32,
+              (const int64_t *)slots, num_new);
     rc = run(&a, num_threads);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
@@ -368,8 +379,9 @@ static PyMethodDef methods[] = {
     {"paged_attention", paged_attention, METH_VARARGS,
      "paged_attention(q, k, v, out, pages, page_starts, context_lens, row_starts, num_seqs, "
      "num_heads, num_kv_heads, head_dim, page_size, split_len, bf16, scale, num_threads, "
-     "q_stride, new_k, new_v, slots, new_stride, num_new): data pointers of CPU buffers; "
-     "new_k/new_v rows are stored into their slots first; see engine/attention/cpu_paged.py"},
+     "q_stride, new_k, new_v, slots, new_stride, new_fp32, num_new): data pointers of CPU "
+     "buffers; new_k/new_v rows (fp32 into a bf16 pool when new_fp32) are stored into their "
+     "slots first; see engine/attention/cpu_paged.py"},
     {NULL, NULL, 0, NULL},
 };
 

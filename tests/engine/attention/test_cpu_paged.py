@@ -89,14 +89,18 @@ def test_cpu_kernel_equals_reference(dtype: torch.dtype, heads: tuple[int, int, 
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_stores_strided_rows_of_a_fused_qkv(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("dtype", "pool_dtype"), [(torch.float32, torch.float32),
+                                                   (torch.bfloat16, torch.bfloat16),
+                                                   (torch.float32, torch.bfloat16)])
+def test_kernel_stores_strided_rows_of_a_fused_qkv(dtype: torch.dtype,
+                                                   pool_dtype: torch.dtype) -> None:
     """q, k and v as views of one fused qkv row (the packed forward's layout): the kernel
-    writes k/v into the pool and reads q in place, as the reference does after copies."""
+    writes k/v into the pool and reads q in place, as the reference does after copies. fp32
+    rows into a bf16 pool (a mixed-precision decode) are rounded as torch rounds them."""
     rng = random.Random(3)
     cfg = config(9, 3, 64)
     layout = KVLayout(num_pages=256, page_size=16, bytes_per_page=0)
-    pool, ref_pool = KVPool(cfg, layout, dtype), KVPool(cfg, layout, dtype)
+    pool, ref_pool = KVPool(cfg, layout, pool_dtype), KVPool(cfg, layout, pool_dtype)
     pool.k[0].normal_()
     pool.v[0].normal_()
     ref_pool.k[0].copy_(pool.k[0])
@@ -108,7 +112,8 @@ def test_kernel_stores_strided_rows_of_a_fused_qkv(dtype: torch.dtype) -> None:
     got = CpuPagedAttention(pool, batch)(0, q, k, v)
     want = TorchSdpaPagedAttention(ref_pool, batch)(0, q.contiguous(), k.contiguous(),
                                                      v.contiguous())
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    tol = 1e-5 if pool_dtype == torch.float32 else 2e-2
+    assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     assert torch.equal(pool.k[0], ref_pool.k[0]) and torch.equal(pool.v[0], ref_pool.v[0])
 

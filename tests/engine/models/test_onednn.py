@@ -30,6 +30,20 @@ def test_onednn_linear_equals_f_linear(num_rows: int) -> None:
                                rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_bf16_weights_compute_in_bf16(x_dtype: torch.dtype) -> None:
+    """Mixed precision's extend weights: x (and bias) are cast to bf16, the result comes back
+    in x's dtype, as F.linear on the bf16 tensors gives it."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 160, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(264, 160, generator=gen).to(x_dtype)
+    got = onednn.onednn_linear(x, onednn.OneDnnWeight.pack(weight), bias)
+    assert got.dtype == x_dtype
+    want = F.linear(x.to(torch.bfloat16), weight, bias.to(torch.bfloat16))
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_extends_on_onednn_weights_equal_dense(tiny: LoadedModel) -> None:
     dense = tiny.model
     w = dense.weights
