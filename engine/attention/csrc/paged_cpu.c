@@ -73,6 +73,20 @@ static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64
     }
 }
 
+/* rows[j]: where the K or V row of KV head `h` at position p0 + j lies in the pool, j < n. */
+static void tile_rows(const Args *a, const void *base, const int64_t *pages, int64_t h,
+                      int64_t p0, int n, const void **rows) {
+    int64_t elem = a->bf16 ? 2 : 4, stride = a->num_kv_heads * a->head_dim;
+    for (int j = 0; j < n;) {
+        int64_t pos = p0 + j, in_page = pos % a->page_size;
+        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
+        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
+                       + h) * a->head_dim;
+        for (int64_t i = 0; i < run; i++, j++, off += stride)
+            rows[j] = (const char *)base + off * elem;
+    }
+}
+
 /* Asks the cache for the K and V rows of KV head `h` at positions [p0, p0 + n): the tile after
  * the one being computed, whose pages are anywhere in the pool (no hardware prefetcher can
  * follow a page table). */
@@ -96,6 +110,10 @@ static void prefetch_tile(const Args *a, const int64_t *pages, int64_t h, int64_
 #if defined(__AVX2__) && defined(__FMA__)
 #include "simd_exp.h"
 #define PA_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define PA_AVX512 1
+#include "paged_avx512.h"
+#endif
 
 /* [sum(a[0]), .., sum(a[7])]: eight horizontal sums at once. */
 static inline __m256 sum8(const __m256 a[8]) {
@@ -135,6 +153,29 @@ static float exp_shifted(float *p, int n, float top) {
  * vectors that one transpose-add reduces (no horizontal sum per position). */
 static void scores(const float *q, const float *const *k, int n, int64_t d_len, float *s) {
     int j = 0;
+#ifdef PA_AVX512
+    /* 16 lanes: half the loads and FMAs; each position's two halves fold into eight lanes. */
+    if (d_len % 16 == 0) {
+        for (; j + 8 <= n; j += 8) {
+            __m512 acc[8];
+            const float *kj[8];
+            for (int i = 0; i < 8; i++) {
+                acc[i] = _mm512_setzero_ps();
+                kj[i] = k[j + i];
+            }
+            for (int64_t d = 0; d < d_len; d += 16) {
+                __m512 qv = _mm512_loadu_ps(q + d);
+                for (int i = 0; i < 8; i++)
+                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[i] + d), acc[i]);
+            }
+            __m256 half[8];
+            for (int i = 0; i < 8; i++)
+                half[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[i]),
+                                        _mm512_extractf32x8_ps(acc[i], 1));
+            _mm256_storeu_ps(s + j, sum8(half));
+        }
+    }
+#endif
 #ifdef PA_AVX2
     if (d_len % 8 == 0) {
         for (; j + 8 <= n; j += 8) {
@@ -167,6 +208,32 @@ static void scores(const float *q, const float *const *k, int n, int64_t d_len, 
 static void accumulate(float *acc, float corr, const float *p, const float *const *v, int n,
                        int64_t d_len) {
     int64_t d = 0;
+#ifdef PA_AVX512
+    __m512 c16 = _mm512_set1_ps(corr);
+    for (; d + 64 <= d_len; d += 64) {
+        /* Even and odd positions in separate registers: eight independent FMA chains. */
+        __m512 x[4], y[4];
+        for (int i = 0; i < 4; i++) {
+            x[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 16 * i), c16);
+            y[i] = _mm512_setzero_ps();
+        }
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+            __m512 pj = _mm512_set1_ps(p[j]), pk = _mm512_set1_ps(p[j + 1]);
+            const float *vj = v[j] + d, *vk = v[j + 1] + d;
+            for (int i = 0; i < 4; i++) {
+                x[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * i), x[i]);
+                y[i] = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vk + 16 * i), y[i]);
+            }
+        }
+        for (; j < n; j++) {
+            __m512 pj = _mm512_set1_ps(p[j]);
+            for (int i = 0; i < 4; i++)
+                x[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v[j] + d + 16 * i), x[i]);
+        }
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + d + 16 * i, _mm512_add_ps(x[i], y[i]));
+    }
+#endif
 #ifdef PA_AVX2
     __m256 c = _mm256_set1_ps(corr);
     for (; d + 64 <= d_len; d += 64) {
@@ -214,6 +281,32 @@ static float scale_max(float *p, int n, float scale, float top) {
     return top;
 }
 
+#ifdef PA_AVX512
+/* Rows (g0 + i, t), i < nr, of KV head `h` over the tile's first nv positions (64 dims): one
+ * pass over the K and V rows for all of them. State as in attend_split. */
+static inline __attribute__((always_inline)) void group_pass(
+    const Args *a, int64_t h, int64_t row0, int64_t t, int64_t t_len, int64_t g0, const int nr,
+    const void *const *krows, const void *const *vrows, const int bf16, int nv, float *m,
+    float *l, float *acc) {
+    int64_t group = a->num_heads / a->num_kv_heads;
+    const float *qs[G_MAX];
+    float *accs[G_MAX], corr[G_MAX], ps[G_MAX][TILE];
+    for (int i = 0; i < nr; i++) {
+        qs[i] = a->q + (row0 + t) * a->q_stride + (h * group + g0 + i) * 64;
+        accs[i] = acc + ((g0 + i) * t_len + t) * 64;
+    }
+    scores64(qs, nr, krows, bf16, nv, ps);
+    for (int i = 0; i < nr; i++) {
+        int64_t r = (g0 + i) * t_len + t;
+        float top = scale_max(ps[i], nv, a->scale, m[r]);
+        corr[i] = exp_nonpos(m[r] - top);
+        l[r] = l[r] * corr[i] + exp_shifted(ps[i], nv, top);
+        m[r] = top;
+    }
+    accumulate64(accs, nr, corr, ps, vrows, bf16, nv);
+}
+#endif
+
 /* One work item: query rows r = (g, t) of KV head `h` of sequence `s` over positions
  * [lo, hi). Writes per row its max `m`, sum `l` and unnormalised output `acc` (head_dim). */
 static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_t hi,
@@ -232,6 +325,43 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
     for (int64_t p0 = lo; p0 < hi; p0 += TILE) {
         int n = (int)(hi - p0 < TILE ? hi - p0 : TILE);
         if (p0 + n < hi) prefetch_tile(a, pages, h, p0 + n, (int)(hi - p0 - n < TILE ? hi - p0 - n : TILE));
+#ifdef PA_AVX512
+        if (d_len == 64) {
+            /* One row per token (a decode): read the rows in place, bf16 widened in registers.
+             * Several (a verification): bf16 rows are widened once into the staging tile,
+             * not once per token. */
+            const void *kr[TILE], *vr[TILE];
+            int widen = a->bf16 && t_len == 1;
+            if (a->bf16 && !widen) {
+                kv_tile(a, a->k, pages, h, p0, n, kbuf, krows);
+                kv_tile(a, a->v, pages, h, p0, n, vbuf, vrows);
+                for (int j = 0; j < n; j++) {
+                    kr[j] = krows[j];
+                    vr[j] = vrows[j];
+                }
+            } else {
+                tile_rows(a, a->k, pages, h, p0, n, kr);
+                tile_rows(a, a->v, pages, h, p0, n, vr);
+            }
+            for (int64_t t = 0; t < t_len; t++) {
+                int64_t visible = ctx - t_len + t + 1 - p0;
+                int nv = (int)(visible < n ? visible : n);
+                for (int64_t g0 = 0; g0 < group && nv > 0; g0 += G_MAX) {
+                    int64_t left = group - g0, nr = left < G_MAX ? left : G_MAX;
+#define PASS(NR, BF) group_pass(a, h, row0, t, t_len, g0, NR, kr, vr, BF, nv, m, l, acc)
+                    if (widen) {
+                        if (nr == 1) PASS(1, 1); else if (nr == 2) PASS(2, 1);
+                        else if (nr == 3) PASS(3, 1); else PASS(4, 1);
+                    } else {
+                        if (nr == 1) PASS(1, 0); else if (nr == 2) PASS(2, 0);
+                        else if (nr == 3) PASS(3, 0); else PASS(4, 0);
+                    }
+#undef PASS
+                }
+            }
+            continue;
+        }
+#endif
         kv_tile(a, a->k, pages, h, p0, n, kbuf, krows);
         kv_tile(a, a->v, pages, h, p0, n, vbuf, vrows);
         for (int64_t r = 0; r < num_r; r++) {
