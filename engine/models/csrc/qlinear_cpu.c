@@ -32,6 +32,7 @@
 #define QK 32    /* weights a block */
 #define ROWS 8   /* rows of x per pass over a block */
 #define CHUNK 16 /* output features a thread takes at a time */
+#define PREFETCH_AHEAD 8 /* features between a prefetch and its use */
 
 enum { FMT_Q4 = 4, FMT_Q8 = 8 };
 
@@ -119,6 +120,14 @@ static inline __attribute__((always_inline)) void rows_block(const Args *a, int6
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *codes = a->codes + n * nb * cb;
         const float *d = a->d + n * nb;
+        /* The weights stream from memory once per step: ask for a later feature's codes and
+         * scales now (a few KB ahead), so the loads overlap the arithmetic. */
+        if (n + PREFETCH_AHEAD < a->n) {
+            const char *next = (const char *)(codes + PREFETCH_AHEAD * nb * cb);
+            for (int64_t off = 0; off < nb * cb; off += 64) __builtin_prefetch(next + off);
+            __builtin_prefetch(d + PREFETCH_AHEAD * nb);
+            if (a->m) __builtin_prefetch(a->m + (n + PREFETCH_AHEAD) * nb);
+        }
         float dot[ROWS];
 #if defined(QL_AVX512)
         /* The block's scale goes into its codes once (d * q, as the dense weights hold it),
