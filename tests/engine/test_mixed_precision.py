@@ -42,13 +42,17 @@ def test_steps_below_min_rows_run_the_fp32_path_exactly(tiny: LoadedModel) -> No
     assert not torch.equal(_hidden(tiny, MixedPrecision(min_rows=len(ids)), ids), reference)
 
 
-@pytest.mark.parametrize("kv", [True, False])
-def test_mixed_keeps_fp32_weights_and_its_kv_pool_dtype(tiny: LoadedModel, kv: bool) -> None:
+@pytest.mark.parametrize(("kv", "backend"), [(True, "auto"), (False, "auto"), (True, "torch"),
+                                             (True, "torch_sdpa")])
+def test_mixed_keeps_fp32_weights_and_its_kv_pool_dtype(tiny: LoadedModel, kv: bool,
+                                                         backend: str) -> None:
     model = tiny.model.with_mixed_precision(MixedPrecision(kv=kv))
     assert model.dtype == torch.float32 and model.precision_name == "bf16+fp32"
     assert model.weights.layers[0].qkv.dtype == torch.float32  # the reference path is intact
+    # Every CPU backend stores fp32 rows into the bf16 pool and attends in its dtype.
     engine = Engine(LoadedModel(tiny.path, model, tiny.tokenizer, 0.0),
-                    EngineConfig(kv_memory_bytes=8 << 20, check_invariants=True))
+                    EngineConfig(kv_memory_bytes=8 << 20, check_invariants=True,
+                                 attention_backend=backend))
     # kv: the pool (and so extend attention) in bf16, half the bytes a decode step reads.
     assert engine.kv_pool.k[0].dtype == (torch.bfloat16 if kv else torch.float32)
     engine.submit(Extend("r", "t", None, list(range(300, 340)), SamplingParams(max_tokens=4)))
