@@ -126,8 +126,10 @@ def test_a_decode_worker_killed_mid_transfer_leaks_no_page(loaded_model: LoadedM
     tok = loaded_model.tokenizer
     long_prompt = tok.encode(" ".join(f"entry {i} is {i * i}." for i in range(400)))
     try:
-        with engine_process("--prefill-peer", served.address, "--disagg-min-tokens", "256"
-                            ) as (decode, process):
+        # The same KV dtype as the in-process prefill engine's fp32 model (`auto` would be
+        # mixed precision's bf16 pool on a bf16 CPU, which the prefill peer rightly refuses).
+        with engine_process("--prefill-peer", served.address, "--disagg-min-tokens", "256",
+                            "--dtype", "fp32") as (decode, process):
             asyncio.run(stats_of(decode))
             wait_until(lambda: server.num_ready_pairs == 1, 60, "the KV pair")
 
