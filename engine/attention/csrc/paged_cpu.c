@@ -48,42 +48,39 @@ typedef struct {
     float scale;
 } Args;
 
-/* rows[j]: the fp32 K or V row of KV head `h` at position p0 + j of a sequence (its page ids
- * `pages`), j < n: the pool's own row for fp32, else the row converted into `buf`. */
-static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64_t h, int64_t p0,
-                    int n, float *buf, const float **rows) {
-    int64_t d_len = a->head_dim, stride = a->num_kv_heads * d_len;
-    for (int j = 0; j < n;) {
-        /* One division per page, not per position (64-bit division costs ~40 cycles). */
-        int64_t pos = p0 + j, in_page = pos % a->page_size;
-        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
-        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
-                       + h) * d_len;
-        for (int64_t i = 0; i < run; i++, j++, off += stride) {
-            if (!a->bf16) {
-                rows[j] = (const float *)base + off;
-                continue;
-            }
-            const uint16_t *src = (const uint16_t *)base + off;
-            uint32_t *dst = (uint32_t *)(buf + j * d_len);
-#pragma omp simd
-            for (int64_t d = 0; d < d_len; d++) dst[d] = (uint32_t)src[d] << 16;
-            rows[j] = buf + j * d_len;
-        }
-    }
-}
-
-/* rows[j]: where the K or V row of KV head `h` at position p0 + j lies in the pool, j < n. */
+/* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
+ * `pages`) lies in the pool, j < n <= TILE. */
 static void tile_rows(const Args *a, const void *base, const int64_t *pages, int64_t h,
                       int64_t p0, int n, const void **rows) {
     int64_t elem = a->bf16 ? 2 : 4, stride = a->num_kv_heads * a->head_dim;
     for (int j = 0; j < n;) {
+        /* One division per page, not per position (64-bit division costs ~40 cycles). */
         int64_t pos = p0 + j, in_page = pos % a->page_size;
         int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
         int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
                        + h) * a->head_dim;
         for (int64_t i = 0; i < run; i++, j++, off += stride)
             rows[j] = (const char *)base + off * elem;
+    }
+}
+
+/* rows[j]: the fp32 K or V row at position p0 + j (as tile_rows): the pool's own row for fp32,
+ * else the row converted into `buf`. */
+static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64_t h, int64_t p0,
+                    int n, float *buf, const float **rows) {
+    int64_t d_len = a->head_dim;
+    const void *at[TILE];
+    tile_rows(a, base, pages, h, p0, n, at);
+    for (int j = 0; j < n; j++) {
+        if (!a->bf16) {
+            rows[j] = (const float *)at[j];
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)at[j];
+        uint32_t *dst = (uint32_t *)(buf + j * d_len);
+#pragma omp simd
+        for (int64_t d = 0; d < d_len; d++) dst[d] = (uint32_t)src[d] << 16;
+        rows[j] = buf + j * d_len;
     }
 }
 
@@ -153,29 +150,6 @@ static float exp_shifted(float *p, int n, float top) {
  * vectors that one transpose-add reduces (no horizontal sum per position). */
 static void scores(const float *q, const float *const *k, int n, int64_t d_len, float *s) {
     int j = 0;
-#ifdef PA_AVX512
-    /* 16 lanes: half the loads and FMAs; each position's two halves fold into eight lanes. */
-    if (d_len % 16 == 0) {
-        for (; j + 8 <= n; j += 8) {
-            __m512 acc[8];
-            const float *kj[8];
-            for (int i = 0; i < 8; i++) {
-                acc[i] = _mm512_setzero_ps();
-                kj[i] = k[j + i];
-            }
-            for (int64_t d = 0; d < d_len; d += 16) {
-                __m512 qv = _mm512_loadu_ps(q + d);
-                for (int i = 0; i < 8; i++)
-                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[i] + d), acc[i]);
-            }
-            __m256 half[8];
-            for (int i = 0; i < 8; i++)
-                half[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[i]),
-                                        _mm512_extractf32x8_ps(acc[i], 1));
-            _mm256_storeu_ps(s + j, sum8(half));
-        }
-    }
-#endif
 #ifdef PA_AVX2
     if (d_len % 8 == 0) {
         for (; j + 8 <= n; j += 8) {
@@ -208,32 +182,6 @@ static void scores(const float *q, const float *const *k, int n, int64_t d_len, 
 static void accumulate(float *acc, float corr, const float *p, const float *const *v, int n,
                        int64_t d_len) {
     int64_t d = 0;
-#ifdef PA_AVX512
-    __m512 c16 = _mm512_set1_ps(corr);
-    for (; d + 64 <= d_len; d += 64) {
-        /* Even and odd positions in separate registers: eight independent FMA chains. */
-        __m512 x[4], y[4];
-        for (int i = 0; i < 4; i++) {
-            x[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 16 * i), c16);
-            y[i] = _mm512_setzero_ps();
-        }
-        int j = 0;
-        for (; j + 2 <= n; j += 2) {
-            __m512 pj = _mm512_set1_ps(p[j]), pk = _mm512_set1_ps(p[j + 1]);
-            const float *vj = v[j] + d, *vk = v[j + 1] + d;
-            for (int i = 0; i < 4; i++) {
-                x[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * i), x[i]);
-                y[i] = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vk + 16 * i), y[i]);
-            }
-        }
-        for (; j < n; j++) {
-            __m512 pj = _mm512_set1_ps(p[j]);
-            for (int i = 0; i < 4; i++)
-                x[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v[j] + d + 16 * i), x[i]);
-        }
-        for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + d + 16 * i, _mm512_add_ps(x[i], y[i]));
-    }
-#endif
 #ifdef PA_AVX2
     __m256 c = _mm256_set1_ps(corr);
     for (; d + 64 <= d_len; d += 64) {
