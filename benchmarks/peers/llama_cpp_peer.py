@@ -19,16 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.base import check_num_tokens, check_prompt, timed_decode_tok_s
+from engine.models.loader import cpu_flags
 
 N_CTX = 8192  # SmolLM2's trained context window
-
-
-def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU has AMX-INT8, where llama.cpp puts quantised weights in its AMX buffer."""
-    try:
-        return "amx_int8" in cpuinfo.read_text().split()
-    except OSError:
-        return False
 
 
 @contextmanager
@@ -60,7 +53,8 @@ class LlamaCppPeer:
 
         self.name = "llama.cpp"
         self.last_cached_len: int | None = None
-        self.extra_bufts = not cpu_has_amx()
+        # AMX-INT8 is where llama.cpp puts quantised weights in its AMX buffer.
+        self.extra_bufts = "amx_int8" not in cpu_flags()
         start = time.perf_counter()
         with _model_params(use_extra_bufts=self.extra_bufts):
             self._llm: Any = llama_cpp.Llama(

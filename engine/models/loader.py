@@ -48,14 +48,19 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The words of /proc/cpuinfo, which hold the CPU's feature flags; empty where it cannot be
+    read (not Linux)."""
+    try:
+        return frozenset(cpuinfo.read_text().split())
+    except OSError:
+        return frozenset()
+
+
 def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX); False where the
     flags cannot be read (not Linux)."""
-    try:
-        flags = cpuinfo.read_text().split()
-    except OSError:
-        return False
-    return any(flag in flags for flag in BF16_CPU_FLAGS)
+    return not cpu_flags(cpuinfo).isdisjoint(BF16_CPU_FLAGS)
 
 
 def default_dtype(device: str, cpu_bf16: bool | None = None) -> str:
