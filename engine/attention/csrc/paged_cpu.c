@@ -88,18 +88,15 @@ static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64
  * the one being computed, whose pages are anywhere in the pool (no hardware prefetcher can
  * follow a page table). */
 static void prefetch_tile(const Args *a, const int64_t *pages, int64_t h, int64_t p0, int n) {
-    int64_t elem = a->bf16 ? 2 : 4, row_bytes = a->head_dim * elem;
-    int64_t stride = a->num_kv_heads * a->head_dim;
-    for (int j = 0; j < n;) {
-        int64_t pos = p0 + j, in_page = pos % a->page_size;
-        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
-        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
-                       + h) * a->head_dim;
-        for (int64_t i = 0; i < run; i++, j++, off += stride) {
-            for (int64_t b = 0; b < row_bytes; b += 64) {
-                __builtin_prefetch((const char *)a->k + off * elem + b);
-                __builtin_prefetch((const char *)a->v + off * elem + b);
-            }
+    int64_t row_bytes = a->head_dim * (a->bf16 ? 2 : 4);
+    const void *rows[TILE];
+    tile_rows(a, a->k, pages, h, p0, n, rows);
+    for (int j = 0; j < n; j++) {
+        /* K and V share the pool's layout: the same offset in each. */
+        int64_t off = (const char *)rows[j] - (const char *)a->k;
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch((const char *)a->k + off + b);
+            __builtin_prefetch((const char *)a->v + off + b);
         }
     }
 }
