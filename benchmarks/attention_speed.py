@@ -30,6 +30,7 @@ from benchmarks.common import (
 )
 from engine.attention.base import PagedBatch
 from engine.attention.cpu_paged import CpuPagedAttention, kernel
+from engine.attention.spec import AttentionSpec
 from engine.attention.torch_paged import TorchPagedAttention
 from engine.config import ModelConfig
 from engine.kv_pool import KVLayout, KVPool
@@ -54,11 +55,12 @@ def one_sequence(pool: KVPool, extend_len: int, context_len: int) -> PagedBatch:
 
 
 def time_call(backend: Any, q: torch.Tensor, k: torch.Tensor, repeats: int) -> float:
+    spec = AttentionSpec.plain(0, q.shape[-1])
     for _ in range(3):
-        backend(0, q, k, k)
+        backend(spec, q, k, k)
     started = time.perf_counter()
     for _ in range(repeats):
-        backend(0, q, k, k)
+        backend(spec, q, k, k)
     return (time.perf_counter() - started) / repeats
 
 

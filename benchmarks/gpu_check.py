@@ -35,12 +35,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from engine.attention.base import PagedBatch  # noqa: E402
+from engine.attention.spec import AttentionSpec  # noqa: E402
 from engine.attention.torch_paged import TorchPagedAttention  # noqa: E402
 from engine.attention.triton_backend import TritonPagedAttention  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.cuda_graph import StaticDecode  # noqa: E402
 from engine.kv_pool import KVLayout, KVPool  # noqa: E402
-from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights  # noqa: E402
+from engine.models.decoder import DecoderModel  # noqa: E402
+from engine.models.weights import LayerWeights, ModelWeights  # noqa: E402
 
 DRY = OPTS.dry_run
 DEV = "cpu" if DRY else "cuda"
@@ -118,11 +120,12 @@ def check_correctness() -> None:
         for name, ext, ctx in (("decode", [1, 1, 1], [1, 300, 200 if DRY else 1500]),
                                ("extend", [37, 70], [37, 100 if DRY else 3000])):
             pool, batch, (q, k, v) = attn_case(cfg, ext, ctx, 16, dtype)
-            out = TritonPagedAttention(pool, batch)(0, q, k, v).float().cpu()
+            spec = AttentionSpec.plain(0, cfg.head_dim)
+            out = TritonPagedAttention(pool, batch)(spec, q, k, v).float().cpu()
             ref_pool = make_pool(cfg, sum(ctx), 16, torch.float32)
             ref_pool.k = [pool.k[0].float().cpu()]
             ref_pool.v = [pool.v[0].float().cpu()]
-            ref = TorchPagedAttention(ref_pool, batch)(0, q.float().cpu(), k.float().cpu(),
+            ref = TorchPagedAttention(ref_pool, batch)(spec, q.float().cpu(), k.float().cpu(),
                                                        v.float().cpu())
             rel = ((out - ref).norm() / ref.norm()).item()
             ok = rel < (1e-4 if dtype == torch.float32 else 2e-2)
@@ -143,7 +146,8 @@ def check_decode_bandwidth() -> None:
         pool, batch, (q, k, v) = attn_case(cfg, [1] * batch_size, [ctx] * batch_size, 16,
                                            torch.bfloat16)
         backend = TritonPagedAttention(pool, batch)
-        t = timed(functools.partial(backend, 0, q, k, v), reps=20)
+        spec = AttentionSpec.plain(0, cfg.head_dim)
+        t = timed(functools.partial(backend, spec, q, k, v), reps=20)
         kv_bytes = 2 * batch_size * ctx * cfg.num_kv_heads * cfg.head_dim * 2
         gbs = kv_bytes / t / 1e9 if t else None
         value = (f"{gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), {t * 1e6:.0f} us"
@@ -163,7 +167,7 @@ def check_extend_flops() -> None:
         backend = TritonPagedAttention(pool, batch)
         flops = 4 * cfg.num_heads * cfg.head_dim * (ext * (ctx - ext) + ext * (ext + 1) / 2)
         impls: dict[str, Callable[[], object]] = {
-            "triton": functools.partial(backend, 0, q, k, v)}
+            "triton": functools.partial(backend, AttentionSpec.plain(0, cfg.head_dim), q, k, v)}
         kd = pool.k[0].view(-1, cfg.num_kv_heads, cfg.head_dim)[:ctx]
         vd = pool.v[0].view(-1, cfg.num_kv_heads, cfg.head_dim)[:ctx]
         qh, kh, vh = q.transpose(0, 1)[None], kd.transpose(0, 1)[None], vd.transpose(0, 1)[None]
@@ -185,7 +189,7 @@ def check_extend_flops() -> None:
                    tflops=tf, seconds=t)
 
 
-def random_llama(cfg: ModelConfig, dtype: torch.dtype) -> LlamaModel:
+def random_llama(cfg: ModelConfig, dtype: torch.dtype) -> DecoderModel:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=DEV, dtype=dtype) * 0.02
 
@@ -194,11 +198,11 @@ def random_llama(cfg: ModelConfig, dtype: torch.dtype) -> LlamaModel:
     layers = [LayerWeights(ones, rand(cfg.q_size + 2 * cfg.kv_size, h), None,
                            rand(h, cfg.q_size), ones, rand(2 * i, h), rand(h, i))
               for _ in range(cfg.num_layers)]
-    return LlamaModel(cfg, LlamaWeights(rand(cfg.vocab_size, h), layers, ones,
+    return DecoderModel(cfg, ModelWeights(rand(cfg.vocab_size, h), layers, ones,
                                         rand(cfg.vocab_size, h)), dtype)
 
 
-def step(model: LlamaModel, pool: KVPool, batch: PagedBatch, positions: torch.Tensor,
+def step(model: DecoderModel, pool: KVPool, batch: PagedBatch, positions: torch.Tensor,
          graphs: StaticDecode | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
     """One engine step: the eager Triton backend, or the static decode path when given."""
     if ids is None:

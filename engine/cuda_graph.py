@@ -27,9 +27,10 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention.base import PagedBatch
+from engine.attention.spec import AttentionSpec
 from engine.errors import InvalidRequest
 from engine.kv_pool import KVPool
-from engine.models.llama import LlamaModel
+from engine.models.base import Model
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +90,9 @@ class StaticDecodeAttention:
         self.batch_size = batch_size
         self.max_context_len = max_context_len
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k[spec.layer_idx], self.pool.v[spec.layer_idx]
         b, n = self.buffers, self.batch_size
         self._store(k, v, k_cache, v_cache, b.slot_mapping[:n])
         if q.stride(2) != 1:
@@ -101,7 +101,7 @@ class StaticDecodeAttention:
         # max_context_len is the buffers' width, not this batch's: the split count and split
         # length it implies must not change between capture and replay.
         self._decode(q, k_cache, v_cache, out, b.q_rows[:n], b.context_lens[:n],
-                     b.page_table[:n], self.max_context_len)
+                     b.page_table[:n], self.max_context_len, sm_scale=spec.scale)
         return out
 
 
@@ -113,13 +113,17 @@ class StaticDecode:
     eagerly. `max_context_len` defaults to what both the model and the KV pool can hold.
     """
 
-    def __init__(self, model: LlamaModel, pool: KVPool, batch_sizes: Sequence[int], *,
+    def __init__(self, model: Model, pool: KVPool, batch_sizes: Sequence[int], *,
                  capture: bool, max_context_len: int | None = None) -> None:
         device = pool.k[0].device
         if device != model.device:
             raise InvalidRequest(f"KV pool on {device} but the model on {model.device}")
         if capture and device.type != "cuda":
             raise InvalidRequest(f"CUDA graphs need a CUDA device; the model is on {device}")
+        featured = sorted({f for spec in model.attention_specs for f in spec.features})
+        if featured:
+            raise InvalidRequest(f"static decode runs the Triton decode kernel, which has no "
+                                 f"{', '.join(featured)}; use an eager backend for this model")
         if device.type == "cpu" and not _interpreter_on():
             raise InvalidRequest("static decode on CPU runs Triton kernels: set "
                                  "TRITON_INTERPRET=1 before triton is imported")
@@ -150,7 +154,7 @@ class StaticDecode:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 batch: PagedBatch) -> torch.Tensor:
-        """Final hidden states (n, hidden) of a batch `accepts` took, as `LlamaModel.forward`
+        """Final hidden states (n, hidden) of a batch `accepts` took, as `Model.forward`
         returns them. With graphs the result is a view of graph memory: valid until the next
         call, so read (or copy) it before running another batch."""
         num_rows = input_ids.shape[0]
@@ -207,7 +211,7 @@ class StaticDecode:
                     len(self.graphs), self.batch_sizes, time.perf_counter() - started)
 
 
-def make_static_decode(model: LlamaModel, pool: KVPool, backend_name: str, max_running: int,
+def make_static_decode(model: Model, pool: KVPool, backend_name: str, max_running: int,
                        cuda_graphs: bool) -> StaticDecode | None:
     """The engine's CUDA-graph decode path, or None where it does not apply: on the CPU, with
     graphs turned off, without triton, or under a torch backend (kept as the plain fallback)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.registry import get_backend
+from engine.attention.registry import backend_for
 from engine.cache.disk_tier import DiskTier
 from engine.cache.factory import build_cache
 from engine.cache.page_pool import PagePool
@@ -43,7 +43,7 @@ class EngineConfig:
     max_running: int = 32
     max_batch_tokens: int = 1024  # tokens per step: decodes plus prefill chunks
     enable_prefix_cache: bool = True
-    attention_backend: str = "auto"  # engine.attention.triton_select.choose_auto_backend
+    attention_backend: str = "auto"  # engine.attention.registry.backend_for
     spec: str = "suffix"  # speculative drafting: "suffix" (trajectory), "draft:<gguf path>", "none"
     max_draft_len: int = 8
     draft_backoff: int = 16  # skip drafting up to this many steps after misses (0: never skip)
@@ -76,7 +76,7 @@ class Engine:
                                    max_running=self.config.max_running,
                                    max_batch_tokens=self.config.max_batch_tokens, clock=clock,
                                    tiers=self.tiers.all)
-        backend = get_backend(self.config.attention_backend)
+        backend = backend_for(self.config.attention_backend, model.attention_specs)
         self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
             model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
         self.num_finished = 0

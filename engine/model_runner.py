@@ -14,7 +14,7 @@ import torch
 
 from engine.attention.base import PagedAttentionBackend, PagedBatch
 from engine.kv_pool import KVPool
-from engine.models.llama import LlamaModel
+from engine.models.base import Model
 from engine.scheduler.scheduler import ScheduledItem
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVPool,
+    def __init__(self, model: Model, pool: KVPool,
                  backend: type[PagedAttentionBackend],
                  static_decode: StaticDecode | None = None) -> None:
         self.model = model

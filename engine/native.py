@@ -7,6 +7,8 @@ import importlib
 import logging
 from types import ModuleType
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 
@@ -19,3 +21,25 @@ def load_extension(module: str, instead: str) -> ModuleType | None:
         logger.warning("%s is not built (%s); reinstall with a C compiler (pip install -e .) to "
                        "use it. %s", module, exc, instead)
         return None
+
+
+def require(ext: ModuleType | None, what: str) -> ModuleType:
+    """`ext`, or a RuntimeError saying that `what` needs the built extension."""
+    if ext is None:
+        raise RuntimeError(f"{what} needs its compiled extension; reinstall radixgate with a C "
+                           "compiler (pip install -e .)")
+    return ext
+
+
+def check_buffer(t: torch.Tensor, what: str, dtypes: tuple[torch.dtype, ...],
+                 shape: tuple[int, ...] | None = None) -> None:
+    """The checks a tensor passes before its raw pointer goes to C: on the CPU, contiguous, of
+    one of `dtypes` and of `shape` (where given). Raises TypeError or ValueError naming it."""
+    if t.dtype not in dtypes:
+        raise TypeError(f"{what} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} must be on the CPU, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous (strides {t.stride()})")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{what} must have shape {list(shape)}, got {list(t.shape)}")

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention.dense import DenseAttention, causal_attention
-from engine.models.llama import LlamaModel
+from engine.attention.spec import AttentionSpec
+from engine.models.base import Model
 from engine.sampling import make_generator, sample_row
 from engine.sampling_params import SamplingParams
 
@@ -26,14 +27,13 @@ class ContiguousKVAttention:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        old_k, old_v = self.keys[spec.layer_idx], self.values[spec.layer_idx]
         all_k = k if old_k is None else torch.cat([old_k, k])
         all_v = v if old_v is None else torch.cat([old_v, v])
-        self.keys[layer_idx], self.values[layer_idx] = all_k, all_v
-        return causal_attention(q, all_k, all_v)
+        self.keys[spec.layer_idx], self.values[spec.layer_idx] = all_k, all_v
+        return causal_attention(q, all_k, all_v, spec)
 
 
 @dataclass
@@ -52,7 +52,7 @@ class GenerationStats:
 
 
 def reference_stream(
-    model: LlamaModel,
+    model: Model,
     prompt_ids: Sequence[int],
     params: SamplingParams,
     *,
@@ -110,7 +110,7 @@ def reference_stream(
 
 
 def reference_generate(
-    model: LlamaModel,
+    model: Model,
     prompt_ids: Sequence[int],
     params: SamplingParams,
     *,

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig
-from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights
+from engine.models.decoder import DecoderModel
 from engine.models.loader import LoadedModel
+from engine.models.weights import LayerWeights, ModelWeights
 from engine.tokenizer import Tokenizer
 
 
@@ -29,5 +30,6 @@ def tiny_model(tokenizer: Tokenizer, seed: int = 0, *, scale: float = 0.05) -> L
                            gate_up=rand(256, 64), down=rand(64, 128))
               for _ in range(cfg.num_layers)]
     embed = rand(cfg.vocab_size, 64)
-    weights = LlamaWeights(embed=embed, layers=layers, norm=torch.ones(64), lm_head=embed)
-    return LoadedModel(Path("tiny-random"), LlamaModel(cfg, weights, torch.float32), tokenizer, 0.0)
+    weights = ModelWeights(embed=embed, layers=layers, norm=torch.ones(64), lm_head=embed)
+    return LoadedModel(Path("tiny-random"), DecoderModel(cfg, weights, torch.float32), tokenizer,
+                       0.0)

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from engine.attention.spec import AttentionSpec
 from engine.kv_pool import KVPool
 
 
@@ -32,8 +33,14 @@ class PagedAttentionBackend(Protocol):
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None: ...
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        """Store k/v of the batch rows into the pool, then attend. Shapes as in AttentionFn."""
+    @classmethod
+    def unsupported(cls, spec: AttentionSpec) -> list[str]:
+        """What of `spec` this backend cannot compute ("window", "sinks", "softcap", or a
+        sentence); empty when it can run the layer."""
+        ...
+
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        """Store k/v of the batch rows into layer `spec.layer_idx` of the pool, then attend.
+        Shapes as in `engine.models.base.AttentionFn`."""
         ...

@@ -17,11 +17,13 @@ import torch
 
 from engine.attention.base import PagedBatch
 from engine.attention.cpu_flash import extend_attention
+from engine.attention.spec import AttentionSpec, first_visible
 from engine.errors import InvalidRequest
 from engine.kv_pool import KVPool
-from engine.native import load_extension
+from engine.native import check_buffer, load_extension, require
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+KERNEL_FEATURES = frozenset({"window", "sinks"})
 MAX_HEAD_DIM = 256
 
 
@@ -42,20 +44,56 @@ def _rows_of(t: torch.Tensor) -> int:
 def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
                     pages: torch.Tensor, page_starts: torch.Tensor, context_lens: torch.Tensor,
                     row_starts: torch.Tensor, page_size: int, split_len: int,
-                    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                    ) -> torch.Tensor:
+                    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, *,
+                    scale: float | None = None, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Sequences of few query rows over their paged context. q: (R, Hq, D), sequence s owning
     rows [row_starts[s], row_starts[s + 1]), the last rows of its context_lens[s] tokens (row t
-    of T sees positions <= context_len - T + t); flat_k, flat_v: (num_slots, Hkv, D) fp32 or
-    bf16, one layer of the pool; pages: every sequence's page ids concatenated, sequence s's
-    from page_starts[s]. All index tensors int64 on the CPU. -> (R, Hq, D) in q's dtype.
+    of T, at position p = context_len - T + t, sees positions <= p); flat_k, flat_v:
+    (num_slots, Hkv, D) fp32 or bf16, one layer of the pool; pages: every sequence's page ids
+    concatenated, sequence s's from page_starts[s] (its page i holds positions
+    [i * page_size, (i + 1) * page_size)). All index tensors int64 on the CPU. -> (R, Hq, D)
+    in q's dtype.
 
     `new_kv` = (k, v, slots): the step's new K/V rows ((N, Hkv, D), the pool's dtype or fp32
     into a bf16 pool, rows may be strided, e.g. views of a fused qkv) are first written to
-    their slots (int64 (N,)), in the same call."""
-    ext = kernel()
-    assert ext is not None, "paged_attention needs the built extension"
+    their slots (int64 (N,)), in the same call.
+
+    Per-layer options: `scale` multiplies q.k before the softmax (None: D ** -0.5). `window`
+    = W >= 1 is a sliding window: the row at position p sees positions (p - W, p], W keys
+    counting itself (transformers' `sliding_window`; FlashAttention's window_left = W - 1);
+    None is full causal. Only the positions some row sees are read, so a step costs O(W),
+    not O(context): the ids of a sequence's pages that lie wholly before p_first - W + 1
+    (p_first: the position of its first row) are never read and may be anything, -1 or a
+    page reused by another sequence included. `sinks`: fp32 (Hq,) CPU tensor, one logit per
+    query head that joins the softmax's denominator with no value (gpt-oss): row output
+    sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sink - m)); None: no sink."""
+    ext = require(kernel(), "paged_attention")
     num_heads, head_dim = q.shape[1], q.shape[2]
+    _check_layout(q, flat_k, flat_v, (pages, page_starts, context_lens, row_starts))
+    if scale is None:
+        scale = head_dim**-0.5
+    elif isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"paged_attention: scale must be a float, got {type(scale).__name__}")
+    elif not abs(scale) < float("inf"):
+        raise ValueError(f"paged_attention: scale must be finite, got {scale}")
+    if window is None:
+        window = 0  # the kernel's "no window"
+    elif isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"paged_attention: window must be an int, got {type(window).__name__}")
+    elif window < 1:
+        raise ValueError(f"paged_attention: window must be >= 1, got {window}")
+    sinks_ptr = 0
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32:
+            raise TypeError("paged_attention: sinks must be a float32 tensor, got "
+                            f"{getattr(sinks, 'dtype', type(sinks).__name__)}")
+        if (sinks.device.type != "cpu" or sinks.shape != (num_heads,)
+                or not sinks.is_contiguous()):
+            raise ValueError(f"paged_attention: sinks must be a contiguous CPU tensor of shape "
+                             f"({num_heads},) (one per query head), got {tuple(sinks.shape)} on "
+                             f"{sinks.device}{'' if sinks.is_contiguous() else ', strided'}")
+        sinks_ptr = sinks.data_ptr()
     q32 = q.detach()
     if q32.dtype != torch.float32 or _rows_of(q32) < 0:
         q32 = q32.to(torch.float32).contiguous()
@@ -78,9 +116,27 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
         q32.data_ptr(), flat_k.data_ptr(), flat_v.data_ptr(), out.data_ptr(), pages.data_ptr(),
         page_starts.data_ptr(), context_lens.data_ptr(), row_starts.data_ptr(),
         len(context_lens), num_heads, flat_k.shape[1], head_dim, page_size, split_len,
-        flat_k.dtype == torch.bfloat16, head_dim**-0.5, torch.get_num_threads(),
-        _rows_of(q32), new_k_ptr, new_v_ptr, slots_ptr, new_stride, new_fp32, num_new)
+        flat_k.dtype == torch.bfloat16, scale, torch.get_num_threads(), _rows_of(q32),
+        new_k_ptr, new_v_ptr, slots_ptr, new_stride, new_fp32, num_new, window, sinks_ptr)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def _check_layout(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
+                  index: tuple[torch.Tensor, ...]) -> None:
+    """What the kernel's raw pointers assume, checked before it reads them."""
+    for name, t in zip(("pages", "page_starts", "context_lens", "row_starts"), index, strict=True):
+        check_buffer(t, f"paged_attention {name}", (torch.int64,))
+    check_buffer(flat_k, "paged_attention K pool", KERNEL_DTYPES)
+    check_buffer(flat_v, "paged_attention V pool", (flat_k.dtype,), tuple(flat_k.shape))
+    num_seqs = index[2].shape[0]
+    if index[1].shape[0] != num_seqs or index[3].shape[0] != num_seqs + 1:
+        raise ValueError("paged_attention: page_starts, context_lens and row_starts (one more) "
+                         "must have an entry per sequence")
+    if (q.dim() != 3 or q.device.type != "cpu" or q.shape[2] != flat_k.shape[2]
+            or q.shape[2] > MAX_HEAD_DIM or q.shape[1] % flat_k.shape[1]):
+        raise ValueError(f"paged_attention: q {list(q.shape)} does not fit the pool's "
+                         f"{flat_k.shape[1]} KV heads of {flat_k.shape[2]} (head_dim <= "
+                         f"{MAX_HEAD_DIM})")
 
 
 class CpuPagedAttention:
@@ -131,30 +187,39 @@ class CpuPagedAttention:
             self.short_rows = torch.cat([torch.arange(self.row_starts[i], self.row_starts[i + 1])
                                          for i in short])
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        flat_k, flat_v = self.pool.flat_k(layer_idx), self.pool.flat_v(layer_idx)
+    @classmethod
+    def unsupported(cls, spec: AttentionSpec) -> list[str]:
+        """The kernel and the flash path take a scale, windows and sinks; softcap is not
+        written in either."""
+        return sorted(spec.features - KERNEL_FEATURES)
+
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        flat_k, flat_v = self.pool.flat_k(spec.layer_idx), self.pool.flat_v(spec.layer_idx)
         if self.short_items and not self.long_items:
             # One call stores the new K/V and attends (a decode step: no torch op at all).
-            return self._kernel(q, flat_k, flat_v, (k, v, self.batch.slot_mapping))
+            return self._kernel(spec, q, flat_k, flat_v, (k, v, self.batch.slot_mapping))
         # index_copy_/index_select: 3-5x faster than advanced indexing for these row copies.
         flat_k.index_copy_(0, self.batch.slot_mapping, k.to(flat_k.dtype))
         flat_v.index_copy_(0, self.batch.slot_mapping, v.to(flat_v.dtype))
         out = torch.empty_like(q)
         for i in self.long_items:
             start, end = self.row_starts[i], self.row_starts[i + 1]
-            slots = self.long_slots[i]
+            # A sliding window's rows see no key before `lo`: those are never read.
+            lo = first_visible(spec, self.batch.context_lens[i] - (end - start))
+            slots = self.long_slots[i][lo:]
             # In the pool's dtype: a mixed-precision model's bf16 pool runs bf16 GEMMs here.
             out[start:end] = extend_attention(q[start:end].to(flat_k.dtype),
                                               flat_k.index_select(0, slots),
-                                              flat_v.index_select(0, slots))
+                                              flat_v.index_select(0, slots), spec)
         if self.short_rows is not None:
-            out[self.short_rows] = self._kernel(q[self.short_rows], flat_k, flat_v)
+            out[self.short_rows] = self._kernel(spec, q[self.short_rows], flat_k, flat_v)
         return out
 
-    def _kernel(self, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
+    def _kernel(self, spec: AttentionSpec, q: torch.Tensor, flat_k: torch.Tensor,
+                flat_v: torch.Tensor,
                 new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                 ) -> torch.Tensor:
         return paged_attention(q, flat_k, flat_v, self.pages, self.page_starts, self.context_lens,
-                               self.kernel_row_starts, self.page_size, self.split_len, new_kv)
+                               self.kernel_row_starts, self.page_size, self.split_len, new_kv,
+                               scale=spec.scale, window=spec.window, sinks=spec.sinks)

@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
 
 from engine.attention.base import PagedBatch  # noqa: E402
+from engine.attention.spec import AttentionSpec  # noqa: E402
 from engine.attention.triton_kernels import pad_page_tables, store_kv  # noqa: E402
 from engine.errors import InvalidRequest  # noqa: E402
 from engine.kv_pool import KVPool  # noqa: E402
@@ -60,20 +61,27 @@ class FlashAttnBackend:
         self.ext_max_q, self.ext_max_k = max(ext_lens, default=0), max(ctx_lens, default=0)
         self.ext_table = pad_page_tables([batch.page_tables[i] for i in ext], device)
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
+    @classmethod
+    def unsupported(cls, spec: AttentionSpec) -> list[str]:
+        """A per-layer scale is passed; windows, sinks and softcap are not wired (nor tested
+        on a GPU here), so a model that needs them runs another backend."""
+        return sorted(spec.features)
+
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k[spec.layer_idx], self.pool.v[spec.layer_idx]
         store_kv(k, v, k_cache, v_cache, self.slot_mapping)
         out = torch.empty_like(q)
         if self.dec_rows.numel():
             q_dec = q[self.dec_rows].unsqueeze(1)  # (B, 1, Hq, D)
             out_dec = flash_attn_with_kvcache(q_dec, k_cache, v_cache,
                                               cache_seqlens=self.dec_lens,
-                                              block_table=self.dec_table, causal=True)
+                                              block_table=self.dec_table, causal=True,
+                                              softmax_scale=spec.scale)
             out[self.dec_rows] = out_dec.squeeze(1)
         if self.ext_rows is not None:
             out[self.ext_rows] = flash_attn_varlen_func(
                 q[self.ext_rows], k_cache, v_cache, self.ext_cu_q, self.ext_cu_k,
-                self.ext_max_q, self.ext_max_k, causal=True, block_table=self.ext_table)
+                self.ext_max_q, self.ext_max_k, softmax_scale=spec.scale, causal=True,
+                block_table=self.ext_table)
         return out

@@ -7,13 +7,26 @@ from __future__ import annotations
 import torch
 
 from engine.attention.base import PagedBatch
-from engine.attention.cpu_flash import extend_attention
+from engine.attention.cpu_flash import FLASH_FEATURES, extend_attention
 from engine.attention.dense import causal_attention
+from engine.attention.spec import AttentionSpec, first_visible
 from engine.kv_pool import KVPool
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One query row that sees every key. q: (1, Hq, D); k, v: (S, Hkv, D) -> (1, Hq, D).
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of (KVH, G, ..., S) scores; `sinks` (KVH * G,) join each
+    row's denominator with no value (dropped after the softmax)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    shape = (scores.shape[0], scores.shape[1]) + (1,) * (scores.dim() - 2)
+    column = sinks.to(scores.dtype).view(shape).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     spec: AttentionSpec | None = None) -> torch.Tensor:
+    """One query row that sees every key given (a window's caller passes only the window).
+    q: (1, Hq, D); k, v: (S, Hkv, D) -> (1, Hq, D).
 
     The query heads of each KV group are folded into one (G, D) @ (D, S) product, so grouped
     heads never expand K/V; SDPA's CPU path is several times slower for a single query row.
@@ -21,13 +34,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     group = q.shape[1] // num_kv_heads
     qg = q.view(num_kv_heads, group, head_dim)
-    scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(head_dim**-0.5)
-    probs = torch.softmax(scores, dim=-1)
+    scale = spec.scale if spec is not None else head_dim**-0.5
+    scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale)
+    sinks = spec.sinks.view(num_kv_heads, group) if spec is not None and spec.sinks is not None \
+        else None
+    probs = _softmax(scores, sinks)
     return torch.bmm(probs, v.transpose(0, 1)).view(1, -1, head_dim)
 
 
 def gathered_decode_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
-                              slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+                              slots: torch.Tensor, valid: torch.Tensor,
+                              spec: AttentionSpec | None = None) -> torch.Tensor:
     """B single-row queries, each over its own context, read straight from the pool; grouped
     heads fold as in `decode_attention` (the reference). q: (B, Hq, D); flat_k, flat_v:
     (num_slots, Hkv, D), a layer of the pool; slots: (B, S) slot of each context position
@@ -43,13 +60,20 @@ def gathered_decode_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: tor
     index = slots.flatten()
     qg = q.view(num_seqs, num_kv_heads, group, head_dim)
     padding = ~valid.view(num_seqs, 1, s_len)
+    scale = spec.scale if spec is not None else head_dim**-0.5
     out = torch.empty(num_seqs, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
     for head in range(num_kv_heads):
         k = flat_k[:, head].index_select(0, index).view(num_seqs, s_len, head_dim)
         v = flat_v[:, head].index_select(0, index).view(num_seqs, s_len, head_dim)
-        scores = torch.bmm(qg[:, head], k.transpose(1, 2)).mul_(head_dim**-0.5)
+        scores = torch.bmm(qg[:, head], k.transpose(1, 2)).mul_(scale)
         scores.masked_fill_(padding, float("-inf"))
-        out[:, head] = torch.bmm(torch.softmax(scores, dim=-1), v)
+        sinks = None
+        if spec is not None and spec.sinks is not None:
+            # (G,) of this KV head, laid out as _softmax's (KVH, G) leading dims: (B, G, S).
+            sinks = spec.sinks.view(num_kv_heads, group)[head].view(1, group)
+            sinks = sinks.expand(num_seqs, group).reshape(-1)
+        probs = _softmax(scores, sinks)
+        out[:, head] = torch.bmm(probs, v)
     return out.view(num_seqs, -1, head_dim)
 
 
@@ -87,36 +111,59 @@ class TorchPagedAttention:
                 self.decode_valid[row, : batch.context_lens[i]] = True
             self.decode_slots = padded
             self.decode_rows = torch.tensor([self.row_starts[i] for i in decodes])
+        self._windowed_valid: dict[int, torch.Tensor] = {}
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        flat_k, flat_v = self.pool.flat_k(layer_idx), self.pool.flat_v(layer_idx)
+    @classmethod
+    def unsupported(cls, spec: AttentionSpec) -> list[str]:
+        """Nothing: features the fast paths lack (softcap) run the reference math."""
+        return []
+
+    def _decode_valid(self, window: int | None) -> torch.Tensor:
+        """The batched decodes' valid positions, within `window` of each row's position."""
+        if window is None:
+            return self.decode_valid
+        cached = self._windowed_valid.get(window)
+        if cached is None:
+            ends = torch.tensor([self.batch.context_lens[i] for i in sorted(self.decode_items)])
+            positions = torch.arange(self.decode_valid.shape[1]).unsqueeze(0)
+            cached = self.decode_valid & (positions >= (ends - window).unsqueeze(1))
+            self._windowed_valid[window] = cached
+        return cached
+
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        flat_k, flat_v = self.pool.flat_k(spec.layer_idx), self.pool.flat_v(spec.layer_idx)
         # Attention runs in the pool's dtype (a mixed-precision model's pool is bf16 under fp32
         # rows); the output comes back in q's.
         out_dtype = q.dtype
         q, k, v = q.to(flat_k.dtype), k.to(flat_k.dtype), v.to(flat_k.dtype)
         flat_k[self.batch.slot_mapping] = k
         flat_v[self.batch.slot_mapping] = v
-        batched = self.decode_items
+        reference = not spec.features <= FLASH_FEATURES  # softcap: the reference math only
+        batched = frozenset() if reference else self.decode_items
         outs = []
         for i, slots in enumerate(self.gather_slots):
             if i in batched:
                 continue
             start, end = self.row_starts[i], self.row_starts[i + 1]
-            if end - start == 1:
+            # A sliding window's rows see no key before `lo`: those are never read.
+            lo = first_visible(spec, self.batch.context_lens[i] - (end - start))
+            if reference:
+                attend = causal_attention
+            elif end - start == 1:
                 attend = decode_attention
             else:
                 # The fused extend calls a CPU-only aten kernel: on CUDA, masked SDPA instead.
                 fused = self.fused_extend and q.device.type == "cpu"
                 attend = extend_attention if fused else causal_attention
-            outs.append((i, attend(q[start:end], flat_k[slots], flat_v[slots])))
+            outs.append((i, attend(q[start:end], flat_k[slots[lo:]], flat_v[slots[lo:]], spec)))
         if not batched:
             joined = outs[0][1] if len(outs) == 1 else torch.cat([o for _, o in outs], dim=0)
             return joined.to(out_dtype)
         out = torch.empty_like(q)
         out[self.decode_rows] = gathered_decode_attention(
-            q[self.decode_rows], flat_k, flat_v, self.decode_slots, self.decode_valid)
+            q[self.decode_rows], flat_k, flat_v, self.decode_slots,
+            self._decode_valid(spec.window), spec)
         for i, part in outs:
             out[self.row_starts[i] : self.row_starts[i + 1]] = part
         return out.to(out_dtype)

@@ -13,6 +13,7 @@ import os
 import torch
 
 from engine.attention.base import PagedBatch
+from engine.attention.spec import AttentionSpec
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_kernels import extend_attention, pad_page_tables, store_kv
 from engine.errors import InvalidRequest
@@ -63,18 +64,24 @@ class TritonPagedAttention:
                            pad_page_tables([batch.page_tables[i] for i in extend_idx], device),
                            max(ext))
 
-    def __call__(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k[layer_idx], self.pool.v[layer_idx]
+    @classmethod
+    def unsupported(cls, spec: AttentionSpec) -> list[str]:
+        """The kernels take a per-layer scale; windows, sinks and softcap are not written."""
+        return sorted(spec.features)
+
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k[spec.layer_idx], self.pool.v[spec.layer_idx]
         store_kv(k, v, k_cache, v_cache, self.slot_mapping)
         if q.stride(2) != 1:
             q = q.contiguous()
         out = torch.empty_like(q)
         if self.decode is not None:
             q_rows, ctx, table, max_ctx = self.decode
-            decode_attention(q, k_cache, v_cache, out, q_rows, ctx, table, max_ctx)
+            decode_attention(q, k_cache, v_cache, out, q_rows, ctx, table, max_ctx,
+                             sm_scale=spec.scale)
         if self.extend is not None:
             q_starts, ext, ctx, table, max_ext = self.extend
-            extend_attention(q, k_cache, v_cache, out, q_starts, ext, ctx, table, max_ext)
+            extend_attention(q, k_cache, v_cache, out, q_starts, ext, ctx, table, max_ext,
+                             sm_scale=spec.scale)
         return out

@@ -1,9 +1,12 @@
-"""HF checkpoints: a folder with config.json and model.safetensors (or a sharded index)."""
+"""HF checkpoints: a folder with config.json and model.safetensors (or a sharded index), read one
+tensor at a time through the family's name map (engine.models.tensor_map)."""
 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -11,7 +14,9 @@ from tqdm import tqdm
 
 from engine.config import ModelConfig
 from engine.errors import ModelNotFound, UnsupportedModel
-from engine.models.llama import LayerWeights, LlamaWeights
+from engine.models import families, mxfp4
+from engine.models.tensor_map import Assembler, build_weights, place
+from engine.models.weights import ModelWeights
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -25,46 +30,48 @@ def _shard_files(folder: Path) -> list[Path]:
     raise ModelNotFound(f"{folder} has no model.safetensors or model.safetensors.index.json")
 
 
-def load_hf(folder: Path, dtype: torch.dtype, *, show_progress: bool = True) -> tuple[
-    ModelConfig, LlamaWeights
-]:
-    """Read an HF Llama/Qwen2/Mistral folder into dense `dtype` tensors on the CPU."""
+def read_config(folder: Path) -> dict[str, Any]:
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ModelNotFound(f"{folder} has no config.json")
-    config = ModelConfig.from_hf_config(json.loads(config_path.read_text()))
-    raw: dict[str, torch.Tensor] = {}
-    for shard in tqdm(_shard_files(folder), desc="loading shards", disable=not show_progress):
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                raw[name] = f.get_tensor(name).to(dtype)
+    raw: dict[str, Any] = json.loads(config_path.read_text())
+    return raw
 
-    def get(name: str) -> torch.Tensor:
-        if name not in raw:
-            raise UnsupportedModel(f"checkpoint lacks tensor '{name}'")
-        return raw[name]
 
-    layers = []
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        bias_names = [a + f"{n}_proj.bias" for n in "qkv"]
-        qkv_bias = torch.cat([get(n) for n in bias_names]) if bias_names[0] in raw else None
-        layers.append(
-            LayerWeights(
-                attn_norm=get(p + "input_layernorm.weight"),
-                qkv=torch.cat([get(a + f"{n}_proj.weight") for n in "qkv"], dim=0),
-                qkv_bias=qkv_bias,
-                o=get(a + "o_proj.weight"),
-                ffn_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat(
-                    [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0
-                ),
-                down=get(p + "mlp.down_proj.weight"),
-            )
-        )
-    embed = get("model.embed_tokens.weight")
-    tied = config.tie_word_embeddings or "lm_head.weight" not in raw
-    lm_head = embed if tied else get("lm_head.weight")
-    return config, LlamaWeights(embed=embed, layers=layers, norm=get("model.norm.weight"),
-                                lm_head=lm_head)
+def load_hf(folder: Path, dtype: torch.dtype, *, show_progress: bool = True) -> tuple[
+    ModelConfig, ModelWeights
+]:
+    """Read an HF folder of a supported family into dense `dtype` tensors on the CPU. Raises
+    `UnsupportedModel` naming the tensor (and both shapes) when the checkpoint does not fit its
+    config, before the model exists."""
+    raw = read_config(folder)
+    family = families.for_hf(raw)
+    config = family.hf_config(raw)
+    rules = family.hf_rules(config, raw)
+    with ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(shard), framework="pt"))
+                   for shard in _shard_files(folder)]
+        where = {name: handle for handle in handles for name in handle.keys()}  # noqa: SIM118
+        # MXFP4 experts come as <name>_blocks and <name>_scales; they stand for <name>.
+        pairs = {base: name for name in where if (base := mxfp4.pair(name)) is not None}
+        scales = {base + mxfp4.SCALES for base in pairs}
+        names = [n for n in where if n not in scales and mxfp4.pair(n) is None] + list(pairs)
+        placements = {name: place(rules, name) for name in names}  # every name known, first
+        assembler = Assembler(config, dtype)
+        for name in tqdm(names, desc=f"loading {folder.name}", unit="tensor",
+                         disable=not show_progress):
+            placement = placements[name]
+            if placement is None:
+                continue
+            if name in pairs:
+                scale_name = name + mxfp4.SCALES
+                if scale_name not in where:
+                    raise UnsupportedModel(f"checkpoint has '{pairs[name]}' but not "
+                                           f"'{scale_name}'")
+                tensor = mxfp4.dequantize(where[pairs[name]].get_tensor(pairs[name]),
+                                          where[scale_name].get_tensor(scale_name))
+            else:
+                tensor = where[name].get_tensor(name)
+            assembler.put(name, placement, tensor)
+            del tensor
+        return config, build_weights(config, assembler.finish())

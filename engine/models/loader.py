@@ -11,10 +11,11 @@ import torch
 
 from engine.errors import InvalidRequest
 from engine.models import onednn, quant
+from engine.models.decoder import DecoderModel
 from engine.models.gguf_loader import load_gguf
 from engine.models.hf_loader import load_hf
-from engine.models.llama import LayerWeights, LlamaModel, MixedPrecision
 from engine.models.locate import resolve_model_path
+from engine.models.weights import LayerWeights, MixedPrecision, PackedWeights, with_projections
 from engine.tokenizer import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -29,7 +30,7 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 @dataclass(frozen=True)
 class LoadedModel:
     path: Path
-    model: LlamaModel
+    model: DecoderModel
     tokenizer: Tokenizer
     load_s: float
 
@@ -94,9 +95,10 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
                show_progress: bool = True, packed: bool = True) -> LoadedModel:
     """Load `model` (None: the embedded SmolLM2 GGUF; a .gguf file; or an HF folder) on the CPU.
 
-    `packed`: decode steps of a GGUF with Q4_0/Q4_1/Q8_0 weights read those codes
-    (engine.models.quant) where the kernel is built, and fp32 extends read oneDNN-packed copies
-    of the dense weights (engine.models.onednn); False keeps the dense reference path.
+    `packed`: decode steps of a GGUF with Q4_0/Q4_1/Q8_0/Q4_K weights read those codes
+    (engine.models.quant) where the kernel is built, fp32 extends read oneDNN-packed copies of
+    the dense weights (engine.models.onednn), and the forwards run the C row ops; False keeps the
+    dense torch reference path.
     Progress goes to stderr. Raises `ModelNotFound` (with an install hint) or `UnsupportedModel`.
     """
     path = resolve_model_path(model)
@@ -114,12 +116,16 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     else:
         config, weights = load_hf(path, torch_dtype, show_progress=show_progress)
         tokenizer = Tokenizer.from_tokenizer_json(path / "tokenizer.json")
+    if want_packed and packed_weights is None:
+        # No codes the kernel reads (an HF folder, an F16 GGUF): decodes keep the dense
+        # weights, extends and the row ops still take the packed path.
+        packed_weights = PackedWeights(tuple(weights.layers), weights.lm_head)
     mixed = MixedPrecision() if dtype == MIXED else None
     # With mixed precision the extends run bf16 copies instead.
     if packed_weights is not None and mixed is None and onednn.available():
         packed_weights = replace(packed_weights, extend_layers=tuple(
             _onednn_layer(layer) for layer in weights.layers))
-    model_ = LlamaModel(config, weights, torch_dtype, mixed, packed_weights)
+    model_ = DecoderModel(config, weights, torch_dtype, mixed, packed_weights)
     loaded = LoadedModel(path, model_, tokenizer, time.perf_counter() - started)
     if show_progress:
         print(f"radixgate: model ready in {loaded.load_s:.1f} s ({model_.precision_name}; "
@@ -128,10 +134,10 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
 
 
 def _onednn_layer(layer: LayerWeights) -> LayerWeights:
-    """`layer` with its dense fp32 projections in oneDNN's layout."""
+    """`layer` with its dense fp32 projections in oneDNN's layout (experts stay dense)."""
     def pack(weight: object) -> onednn.OneDnnWeight:
-        assert isinstance(weight, torch.Tensor)
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"only dense weights are packed, got {type(weight).__name__}")
         return onednn.OneDnnWeight.pack(weight)
 
-    return replace(layer, qkv=pack(layer.qkv), o=pack(layer.o), gate_up=pack(layer.gate_up),
-                   down=pack(layer.down))
+    return with_projections(layer, pack)

@@ -45,8 +45,11 @@ class OneDnnWeight:
 
     @classmethod
     def pack(cls, weight: torch.Tensor) -> OneDnnWeight:
-        assert weight.dtype in (torch.float32, torch.bfloat16), weight.dtype
-        assert weight.device.type == "cpu" and weight.dim() == 2
+        if weight.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"oneDNN packs fp32 or bf16 weights, not {weight.dtype}")
+        if weight.device.type != "cpu" or weight.dim() != 2:
+            raise ValueError(f"oneDNN packs 2-D CPU weights, got {list(weight.shape)} on "
+                             f"{weight.device}")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(),
                                                          batch_size=BATCH_HINT)
         return cls(packed, (weight.shape[0], weight.shape[1]))

@@ -3,13 +3,14 @@
 A decode step reads every weight to produce one row per sequence, so on a CPU its time is the
 weight bytes it reads: 4.5-8.5 bits a weight as the GGUF stores them, 32 as the fp32 tensors
 dequantised from them. `PackedWeight` keeps the file's codes and scales (repacked, not
-requantised: Q4_0 and Q4_1 become one 4-bit form with fp32 scale and offset, Q8_0 an 8-bit
-form), and `qlinear` computes `x @ W.T` from them in fp32 in a C/OpenMP kernel
+requantised: Q4_0, Q4_1 and Q4_K become one 4-bit form with fp32 scale and offset, Q8_0 an
+8-bit form), and `qlinear` computes `x @ W.T` from them in fp32 in a C/OpenMP kernel
 (csrc/qlinear_cpu.c). The weights are the very values the fp32 path uses, so the two paths
 differ only in summation order; tests/engine/models/test_quant.py holds them to that.
 
 The kernel is built by pip with the package (setup.py); without it `kernel()` is None and the
-model keeps its fp32 path (the loader says so).
+model keeps its fp32 path (the loader says so). `dequantize_ggml` (engine.models.kquant, re-exported
+here) gives that fp32 path's weights for every GGUF type.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from engine.native import load_extension
+from engine.models.kquant import dequantize_ggml as dequantize_ggml  # re-exported
+from engine.models.kquant import q4_k_parts
+from engine.native import check_buffer, load_extension, require
 
 BLOCK = 32  # weights a block, in every supported format
 Q4, Q8 = 4, 8  # the kernel's format ids
@@ -32,6 +35,14 @@ GGML_FORMATS = {
     GGMLQuantizationType.Q4_1: (20, Q4, 4),
     GGMLQuantizationType.Q8_0: (34, Q8, 2),
 }
+Q4_K_BYTES = 144  # a Q4_K super-block: 256 weights, eight 32-weight sub-blocks
+# Q5_K and Q6_K stay dense (pack_ggml gives None): neither fits the kernel's forms exactly.
+# Q5_K's w = d*sc*q - dmin*m has 5-bit codes, and the fifth bit varies weight by weight, so
+# the 4-bit form (nibble codes, one offset a block) cannot hold it; the 8-bit form has no
+# offset, and d*sc*q - dmin*m is d' * integer only when dmin*m / (d*sc) is an integer. Q6_K's
+# w = d*sc*(q - 32) takes its int8 scale sc per 16 weights, so a 32-weight block of the 8-bit
+# form would need codes sc*(q - 32), up to 127 * 32 in magnitude: no int8. Either needs a new
+# kernel format.
 
 
 @functools.cache
@@ -56,8 +67,11 @@ class PackedWeight:
     pointers: tuple[int, int, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        for t in (self.codes, self.d, self.m):
-            assert t is None or (t.is_contiguous() and t.device.type == "cpu")
+        check_buffer(self.codes, "packed codes", (torch.uint8,))
+        blocks = (self.codes.shape[0], self.codes.shape[1])
+        check_buffer(self.d, "packed scales", (torch.float32,), blocks)
+        if self.m is not None:
+            check_buffer(self.m, "packed offsets", (torch.float32,), blocks)
         object.__setattr__(self, "shape", (self.codes.shape[0], self.codes.shape[1] * BLOCK))
         object.__setattr__(self, "pointers", (self.codes.data_ptr(), self.d.data_ptr(),
                                               self.m.data_ptr() if self.m is not None else 0))
@@ -96,9 +110,16 @@ def concat(parts: list[PackedWeight]) -> PackedWeight | None:
 
 
 def pack_ggml(tensor_type: GGMLQuantizationType, data: np.ndarray) -> PackedWeight | None:
-    """A GGUF tensor's raw blocks (n rows of bytes) repacked, or None for a type the kernel does
-    not read (F32, F16, K-quants: the fp32 path serves those)."""
-    if tensor_type not in GGML_FORMATS or data.ndim != 2:
+    """A GGUF tensor's raw blocks (n rows of bytes, e.g. `data[e]` of a stacked (E, n, bytes)
+    expert tensor) repacked, with `dequantize()` equal to gguf's dequantiser (bit for bit, but
+    that Q4_0's zeros are all +0 where gguf gives -0 for d < 0); None for a type the kernel does
+    not read (F32, F16, Q5_K, Q6_K, ...: the fp32 path serves those) and for arrays of other
+    than two axes (a stacked tensor is packed expert by expert)."""
+    if data.ndim != 2:
+        return None
+    if tensor_type == GGMLQuantizationType.Q4_K:
+        return _pack_q4_k(data)
+    if tensor_type not in GGML_FORMATS:
         return None
     block_bytes, fmt, code_at = GGML_FORMATS[tensor_type]
     n = data.shape[0]
@@ -114,22 +135,41 @@ def pack_ggml(tensor_type: GGMLQuantizationType, data: np.ndarray) -> PackedWeig
                         None if m is None else torch.from_numpy(np.ascontiguousarray(m)))
 
 
+def _pack_q4_k(data: np.ndarray) -> PackedWeight:
+    """Q4_K as the 4-bit form, each 32-weight sub-block one kernel block, exactly: gguf computes
+    (d * sc) * q - (dmin * m) in fp32, and we store d' = d * sc and m' = -(dmin * m) (the same
+    two fp32 products, each exact anyway: 11 significant bits of f16 times 6 of sc or m), so
+    PackedWeight.dequantize's d' * q + m' rounds the same d' * q (exact: 17 bits times 4) and
+    adds the same offset with its sign flipped, which IEEE defines as the subtraction: the same
+    bits, and the kernel sums the same weights' terms in another order. The codes move from
+    ggml's order (sub-block 2i in the low nibbles of bytes 32i..32i+31, 2i+1 in their high
+    nibbles) to the kernel's (weight j of a block in the low nibble of byte j, weight j + 16 in
+    the high one)."""
+    n = data.shape[0]
+    blocks = torch.from_numpy(np.array(data).view(np.uint8).reshape(-1, Q4_K_BYTES))  # a copy
+    scale, offset, q = q4_k_parts(blocks)  # (blocks, 8), (blocks, 8), (blocks, 8, 32)
+    codes = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, -1, BLOCK // 2)
+    return PackedWeight(Q4, codes.contiguous(), scale.reshape(n, -1).contiguous(),
+                        offset.neg().reshape(n, -1).contiguous())
+
+
 def qlinear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None,
             num_threads: int | None = None, *, add_to: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ W.T + bias` for x (rows, k) on the CPU -> fp32 (rows, n). With `add_to` (a
     contiguous fp32 (rows, n) tensor) the product is added into it in place (a residual
     connection with no extra pass), and `add_to` is returned."""
-    ext = kernel()
-    assert ext is not None, "qlinear needs the built extension"
+    ext = require(kernel(), "qlinear")
     n, k = weight.shape
+    if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"qlinear: input {list(x.shape)} on {x.device} does not fit a CPU "
+                         f"weight of {[n, k]}")
     x32 = x if x.dtype == torch.float32 and x.is_contiguous() else (
         x.detach().to(torch.float32).contiguous())
     num_rows = x32.shape[0]
-    assert x32.shape[1] == k, (x32.shape, weight.shape)
     if add_to is not None:
-        assert add_to.dtype == torch.float32 and add_to.is_contiguous()
-        assert add_to.shape == (num_rows, n), (add_to.shape, num_rows, n)
-        assert bias is None, "add_to takes no bias"
+        check_buffer(add_to, "qlinear add_to", (torch.float32,), (num_rows, n))
+        if bias is not None:
+            raise ValueError("qlinear: add_to takes no bias")
     out = add_to if add_to is not None else torch.empty(num_rows, n, dtype=torch.float32)
     codes, d, m = weight.pointers
     ext.qlinear(weight.fmt, x32.data_ptr(), codes, d, m, out.data_ptr(), num_rows, n, k,

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import torch
 
-from engine.native import load_extension
+from engine.native import check_buffer, load_extension, require
 
 
 @functools.cache
@@ -23,15 +23,12 @@ def kernel() -> ModuleType | None:
 
 
 def _ext() -> ModuleType:
-    ext = kernel()
-    assert ext is not None, "engine.models.rowops needs the built extension"
-    return ext
+    return require(kernel(), "engine.models.rowops")
 
 
-def _check(t: torch.Tensor, *dtypes: torch.dtype) -> None:
-    # The C code reads raw memory; CUDA tensors never reach here (packed weights are CPU only),
-    # so dtype and layout are what can go wrong.
-    assert t.dtype in (dtypes or (torch.float32,)) and t.is_contiguous(), (t.dtype, t.stride())
+def _check(t: torch.Tensor, what: str, *dtypes: torch.dtype) -> None:
+    # The C code reads raw memory: dtype, device and layout are checked before it does.
+    check_buffer(t, what, dtypes or (torch.float32,))
 
 
 ROW_DTYPES = (torch.float32, torch.bfloat16)
@@ -41,9 +38,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`(x * rsqrt(mean(x^2, -1) + eps) * weight).to(out_dtype)` for fp32 x (rows, hidden): a
     new tensor, fp32 or bf16."""
-    _check(x)
-    _check(weight)
-    assert out_dtype in ROW_DTYPES, out_dtype
+    _check(x, "rms_norm input")
+    _check(weight, "rms_norm weight", torch.float32)
+    if out_dtype not in ROW_DTYPES:
+        raise TypeError(f"rms_norm writes fp32 or bf16 rows, not {out_dtype}")
+    if weight.shape != x.shape[-1:] or x.dim() != 2:
+        raise ValueError(f"rms_norm: rows {list(x.shape)} and weight {list(weight.shape)} "
+                         "do not fit")
     out = torch.empty(x.shape, dtype=out_dtype)
     _ext().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(),
                     out_dtype == torch.bfloat16, x.shape[0], x.shape[1], eps)
@@ -56,12 +57,16 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
     place by its position ("rotate half": `x * cos[p] + cat(-x2, x1) * sin[p]` per head, in
     fp32), cos/sin the fp32 (max_positions, head_dim) tables. Heads past `num_heads` (v) are
     left as they are."""
-    _check(qkv, *ROW_DTYPES)
-    _check(cos)
-    _check(sin)
-    assert positions.dtype == torch.int64 and positions.is_contiguous()
-    assert num_heads * head_dim <= qkv.shape[1] and positions.shape[0] == qkv.shape[0]
-    assert cos.shape == sin.shape and cos.shape[1] == head_dim
+    _check(qkv, "rotary rows", *ROW_DTYPES)
+    _check(cos, "rotary cos table")
+    _check(sin, "rotary sin table")
+    _check(positions, "rotary positions", torch.int64)
+    if qkv.dim() != 2 or num_heads * head_dim > qkv.shape[1] or positions.shape != qkv.shape[:1]:
+        raise ValueError(f"rotary: {num_heads} heads of {head_dim} and {positions.shape[0]} "
+                         f"positions do not fit rows {list(qkv.shape)}")
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != head_dim:
+        raise ValueError(f"rotary tables {list(cos.shape)}/{list(sin.shape)} do not fit "
+                         f"head_dim {head_dim}")
     # A position outside the tables raises IndexError (checked in C, before any write).
     _ext().rotary(qkv.data_ptr(), qkv.dtype == torch.bfloat16, qkv.shape[1], qkv.shape[0],
                   num_heads, head_dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
@@ -72,7 +77,9 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """`silu(gate) * up` for `gate_up` = [gate | up] (rows, 2 * intermediate), fp32 or bf16, in
     fp32; the result in `gate_up`'s dtype."""
-    _check(gate_up, *ROW_DTYPES)
+    _check(gate_up, "silu_mul rows", *ROW_DTYPES)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul needs (rows, 2 * intermediate), got {list(gate_up.shape)}")
     inter = gate_up.shape[1] // 2
     out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
     _ext().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.dtype == torch.bfloat16,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from engine.attention.registry import get_backend
+from engine.attention.registry import backend_for
 from engine.cache.page_pool import PagePool
 from engine.errors import InvalidRequest
 from engine.kv_pool import KVPool, plan_kv_layout
@@ -58,7 +58,7 @@ class ModelDrafter:
         self.page_size = page_size
         self.pool = PagePool(layout.num_pages)
         self.runner = ModelRunner(model, KVPool(model.config, layout, model.kv_dtype),
-                                  get_backend("torch"))
+                                  backend_for("torch", model.attention_specs))
         self._seqs: dict[str, _DraftSeq] = {}
 
     @classmethod

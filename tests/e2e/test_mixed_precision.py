@@ -19,8 +19,8 @@ import torch
 
 from benchmarks.model_speed import corpus_ids
 from engine.attention.dense import DenseAttention
-from engine.models.llama import MixedPrecision
 from engine.models.loader import LoadedModel, cpu_has_bf16
+from engine.models.weights import MixedPrecision
 from tests.e2e.greedy import greedy_outputs
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.model_speed import corpus_ids
 from engine.attention.dense import DenseAttention
-from engine.models.llama import LlamaModel
+from engine.models.decoder import DecoderModel
 from engine.models.loader import LoadedModel
 from engine.models.quant import PackedWeight, kernel
 from engine.reference import ContiguousKVAttention
@@ -38,7 +38,7 @@ def test_packed_weights_are_the_dense_weights(loaded_model: LoadedModel) -> None
                                                           model.weights.lm_head)
 
 
-def _decode_logits(model: LlamaModel, prompt: list[int], steps: list[int]) -> torch.Tensor:
+def _decode_logits(model: DecoderModel, prompt: list[int], steps: list[int]) -> torch.Tensor:
     """Prefill `prompt` (dense: many rows), then one row per token of `steps`."""
     kv = ContiguousKVAttention(model.config.num_layers)
     model.forward(torch.tensor(prompt), torch.arange(len(prompt)), kv)

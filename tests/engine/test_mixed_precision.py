@@ -10,8 +10,8 @@ import torch
 
 from engine.attention.dense import DenseAttention
 from engine.engine import Engine, EngineConfig
-from engine.models.llama import MixedPrecision
 from engine.models.loader import LoadedModel, cpu_has_bf16, default_dtype, parse_dtype
+from engine.models.weights import MixedPrecision
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
 

@@ -1,12 +1,14 @@
 /* Paged decode and verify attention for the CPU, read straight from the KV pool.
  *
  * Each sequence has T query rows (1 for a decode, 1 + k for a draft verification) at the end of
- * a context of C tokens whose K/V sit in pages of the pool; query row t sees positions
- * [0, C - T + t]. Work items are (sequence, KV head, split of the context): every K and V byte
- * of a sequence is read once per step, by one item, which scores all the query heads of its
- * group and all T rows against it while it is in L1 (flash decoding). Partial results merge
- * by their running max and sum. The torch path it replaces gathered each sequence's K/V into a
- * new tensor first (one more read and one write of every byte).
+ * a context of C tokens whose K/V sit in pages of the pool; query row t, at position
+ * p = C - T + t, sees positions [0, p], or (p - W, p] with a sliding window of W keys. Work
+ * items are (sequence, KV head, split of the context): every K and V byte of a sequence is
+ * read once per step, by one item, which scores all the query heads of its group and all T
+ * rows against it while it is in L1 (flash decoding). Partial results merge by their running
+ * max and sum; a query head's attention sink (a logit with no value) joins that merge. The
+ * torch path it replaces gathered each sequence's K/V into a new tensor first (one more read
+ * and one write of every byte).
  *
  * The contract and its reference: engine/attention/cpu_paged.py, tests/engine/attention.
  */
@@ -46,7 +48,35 @@ typedef struct {
     const int64_t *page_starts, *context_lens, *row_starts; /* per sequence (+1 for rows) */
     int64_t num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len, q_stride;
     float scale;
+    int64_t window;       /* keys a row sees, itself included; 0: all of [0, p] */
+    const float *sinks;   /* (num_heads,) logits that join the softmax with no value, or NULL */
 } Args;
+
+/* The first position that row t of sequence s sees. Row 0's is the first that any row sees:
+ * nothing before it is read, so the pages wholly before it may be invalid ids. */
+static int64_t row_start(const Args *a, int64_t s, int64_t t) {
+    int64_t t_len = a->row_starts[s + 1] - a->row_starts[s];
+    int64_t start = a->context_lens[s] - t_len + t - a->window + 1;
+    return a->window > 0 && start > 0 ? start : 0;
+}
+
+/* Splits lie on a grid of split_len positions from 0 whatever the window (so do the tiles in
+ * them): a row gets the same tiles, and so the same bits, in a decode and in a verification.
+ * Sequence s's work items take the splits from the one holding row_start(s, 0) to its end. */
+static int64_t first_split(const Args *a, int64_t s) { return row_start(a, s, 0) / a->split_len; }
+
+static int64_t num_splits(const Args *a, int64_t s) {
+    return (a->context_lens[s] + a->split_len - 1) / a->split_len - first_split(a, s);
+}
+
+/* [*j0, *j1): the positions of the tile [p0, p0 + n) that row t of sequence s sees (empty
+ * when *j1 <= *j0): causal among the new rows, and within the row's window. */
+static void row_span(const Args *a, int64_t s, int64_t t, int64_t p0, int n, int *j0, int *j1) {
+    int64_t t_len = a->row_starts[s + 1] - a->row_starts[s];
+    int64_t end = a->context_lens[s] - t_len + t + 1 - p0, start = row_start(a, s, t) - p0;
+    *j1 = (int)(end < n ? end : n);
+    *j0 = (int)(start <= 0 ? 0 : start < n ? start : n);
+}
 
 /* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
  * `pages`) lies in the pool, j < n <= TILE. */
@@ -252,13 +282,14 @@ static inline __attribute__((always_inline)) void group_pass(
 }
 #endif
 
-/* One work item: query rows r = (g, t) of KV head `h` of sequence `s` over positions
- * [lo, hi). Writes per row its max `m`, sum `l` and unnormalised output `acc` (head_dim). */
+/* One work item: query rows r = (g, t) of KV head `h` of sequence `s` over the split
+ * [lo, hi). Writes per row its max `m`, sum `l` (0 when it saw nothing) and unnormalised
+ * output `acc` (head_dim). */
 static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_t hi,
                          float *m, float *l, float *acc) {
     int64_t d_len = a->head_dim, group = a->num_heads / a->num_kv_heads;
     int64_t row0 = a->row_starts[s], t_len = a->row_starts[s + 1] - row0;
-    int64_t ctx = a->context_lens[s], num_r = group * t_len;
+    int64_t num_r = group * t_len, first = row_start(a, s, 0);
     const int64_t *pages = a->pages + a->page_starts[s];
     float kbuf[TILE * MAX_HEAD_DIM], vbuf[TILE * MAX_HEAD_DIM], p[TILE];
     const float *krows[TILE], *vrows[TILE];
@@ -267,8 +298,11 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
         l[r] = 0.0f;
         memset(acc + r * d_len, 0, (size_t)d_len * sizeof(float));
     }
-    for (int64_t p0 = lo; p0 < hi; p0 += TILE) {
-        int n = (int)(hi - p0 < TILE ? hi - p0 : TILE);
+    /* Tiles stay on the split's grid, from the one holding `first`, of which only rows
+     * [skip, n) are loaded: no position before `first` is read. */
+    for (int64_t p0 = first > lo ? lo + (first - lo) / TILE * TILE : lo; p0 < hi; p0 += TILE) {
+        int n = (int)(hi - p0 < TILE ? hi - p0 : TILE), skip = (int)(first > p0 ? first - p0 : 0);
+        int j0, j1;
         if (p0 + n < hi) prefetch_tile(a, pages, h, p0 + n, (int)(hi - p0 - n < TILE ? hi - p0 - n : TILE));
 #ifdef PA_AVX512
         if (d_len == 64) {
@@ -278,22 +312,22 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
             const void *kr[TILE], *vr[TILE];
             int widen = a->bf16 && t_len == 1;
             if (a->bf16 && !widen) {
-                kv_tile(a, a->k, pages, h, p0, n, kbuf, krows);
-                kv_tile(a, a->v, pages, h, p0, n, vbuf, vrows);
-                for (int j = 0; j < n; j++) {
+                kv_tile(a, a->k, pages, h, p0 + skip, n - skip, kbuf, krows + skip);
+                kv_tile(a, a->v, pages, h, p0 + skip, n - skip, vbuf, vrows + skip);
+                for (int j = skip; j < n; j++) {
                     kr[j] = krows[j];
                     vr[j] = vrows[j];
                 }
             } else {
-                tile_rows(a, a->k, pages, h, p0, n, kr);
-                tile_rows(a, a->v, pages, h, p0, n, vr);
+                tile_rows(a, a->k, pages, h, p0 + skip, n - skip, kr + skip);
+                tile_rows(a, a->v, pages, h, p0 + skip, n - skip, vr + skip);
             }
             for (int64_t t = 0; t < t_len; t++) {
-                int64_t visible = ctx - t_len + t + 1 - p0;
-                int nv = (int)(visible < n ? visible : n);
-                for (int64_t g0 = 0; g0 < group && nv > 0; g0 += G_MAX) {
+                row_span(a, s, t, p0, n, &j0, &j1);
+                for (int64_t g0 = 0; g0 < group && j1 > j0; g0 += G_MAX) {
                     int64_t left = group - g0, nr = left < G_MAX ? left : G_MAX;
-#define PASS(NR, BF) group_pass(a, h, row0, t, t_len, g0, NR, kr, vr, BF, nv, m, l, acc)
+#define PASS(NR, BF) \
+    group_pass(a, h, row0, t, t_len, g0, NR, kr + j0, vr + j0, BF, j1 - j0, m, l, acc)
                     if (widen) {
                         if (nr == 1) PASS(1, 1); else if (nr == 2) PASS(2, 1);
                         else if (nr == 3) PASS(3, 1); else PASS(4, 1);
@@ -307,21 +341,20 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
             continue;
         }
 #endif
-        kv_tile(a, a->k, pages, h, p0, n, kbuf, krows);
-        kv_tile(a, a->v, pages, h, p0, n, vbuf, vrows);
+        kv_tile(a, a->k, pages, h, p0 + skip, n - skip, kbuf, krows + skip);
+        kv_tile(a, a->v, pages, h, p0 + skip, n - skip, vbuf, vrows + skip);
         for (int64_t r = 0; r < num_r; r++) {
             int64_t g = r / t_len, t = r % t_len;
-            /* Row t sees positions < ctx - t_len + t + 1 (causal among the new rows). */
-            int64_t visible = ctx - t_len + t + 1 - p0;
-            int nv = (int)(visible < n ? visible : n);
+            row_span(a, s, t, p0, n, &j0, &j1);
+            int nv = j1 - j0;
             if (nv <= 0) continue;
             const float *qr = a->q + (row0 + t) * a->q_stride + (h * group + g) * d_len;
-            scores(qr, krows, nv, d_len, p);
+            scores(qr, krows + j0, nv, d_len, p);
             float top = scale_max(p, nv, a->scale, m[r]);
             float corr = exp_nonpos(m[r] - top), sum = exp_shifted(p, nv, top);
             l[r] = l[r] * corr + sum;
             m[r] = top;
-            accumulate(acc + r * d_len, corr, p, vrows, nv, d_len);
+            accumulate(acc + r * d_len, corr, p, vrows + j0, nv, d_len);
         }
     }
 }
@@ -335,8 +368,7 @@ static int run(const Args *a, int num_threads) {
     int64_t *state_start = malloc((size_t)(a->num_seqs + 1) * sizeof(int64_t));
     if (!item_start || !state_start) { free(item_start); free(state_start); return -1; }
     for (int64_t s = 0; s < a->num_seqs; s++) {
-        int64_t splits = (a->context_lens[s] + a->split_len - 1) / a->split_len;
-        int64_t t_len = a->row_starts[s + 1] - a->row_starts[s];
+        int64_t splits = num_splits(a, s), t_len = a->row_starts[s + 1] - a->row_starts[s];
         item_start[s] = num_items;
         state_start[s] = num_state;
         num_items += a->num_kv_heads * splits;
@@ -351,32 +383,33 @@ static int run(const Args *a, int num_threads) {
     for (int64_t item = 0; item < num_items; item++) {
         int64_t s = 0;
         while (item_start[s + 1] <= item) s++;
-        int64_t splits = (a->context_lens[s] + a->split_len - 1) / a->split_len;
+        int64_t splits = num_splits(a, s);
         int64_t local = item - item_start[s], h = local / splits, sp = local % splits;
         int64_t rows = group * (a->row_starts[s + 1] - a->row_starts[s]);
         float *base = state + (state_start[s] + local * rows) * (d_len + 2);
-        int64_t lo = sp * a->split_len, hi = lo + a->split_len;
+        int64_t lo = (first_split(a, s) + sp) * a->split_len, hi = lo + a->split_len;
         hi = hi < a->context_lens[s] ? hi : a->context_lens[s];
         attend_split(a, s, h, lo, hi, base, base + rows, base + 2 * rows);
     }
 #pragma omp parallel for num_threads(num_threads)
     for (int64_t s = 0; s < a->num_seqs; s++) {
-        int64_t splits = (a->context_lens[s] + a->split_len - 1) / a->split_len;
-        int64_t row0 = a->row_starts[s], t_len = a->row_starts[s + 1] - row0;
-        int64_t rows = group * t_len;
+        int64_t splits = num_splits(a, s), row0 = a->row_starts[s];
+        int64_t t_len = a->row_starts[s + 1] - row0, rows = group * t_len;
         for (int64_t h = 0; h < a->num_kv_heads; h++) {
             for (int64_t r = 0; r < rows; r++) {
                 int64_t g = r / t_len, t = r % t_len;
                 float *o = a->out + ((row0 + t) * a->num_heads + h * group + g) * d_len;
-                float top = -INFINITY, total = 0.0f;
+                /* The sink is one more logit in the max and the sum, with no value. */
+                float sink = a->sinks ? a->sinks[h * group + g] : -INFINITY, top = sink;
                 for (int64_t sp = 0; sp < splits; sp++) {
                     float *base = state + (state_start[s] + (h * splits + sp) * rows) * (d_len + 2);
                     top = base[r] > top ? base[r] : top;
                 }
+                float total = a->sinks ? exp_nonpos(sink - top) : 0.0f;
                 memset(o, 0, (size_t)d_len * sizeof(float));
                 for (int64_t sp = 0; sp < splits; sp++) {
                     float *base = state + (state_start[s] + (h * splits + sp) * rows) * (d_len + 2);
-                    if (base[rows + r] == 0.0f) continue; /* the split is after this row */
+                    if (base[rows + r] == 0.0f) continue; /* the row saw none of the split */
                     float w = exp_nonpos(base[r] - top);
                     const float *ar = base + 2 * rows + r * d_len;
                     total += w * base[rows + r];
@@ -420,26 +453,27 @@ static void store_new(const Args *a, const void *new_k, const void *new_v, int64
 static PyObject *paged_attention(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long q, k, v, out, pages, page_starts, context_lens, row_starts;
-    unsigned long long new_k, new_v, slots;
+    unsigned long long new_k, new_v, slots, sinks;
     long long num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len, q_stride;
-    long long new_stride, num_new;
+    long long new_stride, num_new, window;
     int bf16, num_threads, new_fp32;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLpL", &q, &k, &v, &out, &pages,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLpLLK", &q, &k, &v, &out, &pages,
                           &page_starts, &context_lens, &row_starts, &num_seqs, &num_heads,
                           &num_kv_heads, &head_dim, &page_size, &split_len, &bf16, &scale,
                           &num_threads, &q_stride, &new_k, &new_v, &slots, &new_stride,
-                          &new_fp32, &num_new))
+                          &new_fp32, &num_new, &window, &sinks))
         return NULL;
     if (head_dim > MAX_HEAD_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
-        page_size <= 0 || split_len <= 0 || num_threads <= 0 || num_new < 0) {
+        page_size <= 0 || split_len <= 0 || num_threads <= 0 || num_new < 0 || window < 0) {
         PyErr_SetString(PyExc_ValueError, "paged_attention: unsupported shape");
         return NULL;
     }
     Args a = {(const void *)k, (const void *)v, bf16, (const float *)q, (float *)out,
               (const int64_t *)pages, (const int64_t *)page_starts,
               (const int64_t *)context_lens, (const int64_t *)row_starts, num_seqs, num_heads,
-              num_kv_heads, head_dim, page_size, split_len, q_stride, scale};
+              num_kv_heads, head_dim, page_size, split_len, q_stride, scale, window,
+              (const float *)sinks};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     store_new(&a, (const void *)new_k, (const void *)new_v, new_stride, new_fp32,
@@ -454,9 +488,9 @@ static PyMethodDef methods[] = {
     {"paged_attention", paged_attention, METH_VARARGS,
      "paged_attention(q, k, v, out, pages, page_starts, context_lens, row_starts, num_seqs, "
      "num_heads, num_kv_heads, head_dim, page_size, split_len, bf16, scale, num_threads, "
-     "q_stride, new_k, new_v, slots, new_stride, new_fp32, num_new): data pointers of CPU "
-     "buffers; new_k/new_v rows (fp32 into a bf16 pool when new_fp32) are stored into their "
-     "slots first; see engine/attention/cpu_paged.py"},
+     "q_stride, new_k, new_v, slots, new_stride, new_fp32, num_new, window, sinks): data "
+     "pointers of CPU buffers (sinks 0: none; window 0: none); new_k/new_v rows (fp32 into a "
+     "bf16 pool when new_fp32) are stored into their slots first; see cpu_paged.py"},
     {NULL, NULL, 0, NULL},
 };
 

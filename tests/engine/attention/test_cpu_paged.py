@@ -12,6 +12,7 @@ import torch
 
 from engine.attention.base import PagedBatch
 from engine.attention.cpu_paged import CpuPagedAttention, kernel
+from engine.attention.spec import AttentionSpec
 from engine.attention.torch_paged import TorchSdpaPagedAttention
 from engine.config import ModelConfig
 from engine.engine import Engine, EngineConfig
@@ -74,8 +75,8 @@ def test_cpu_kernel_equals_reference(dtype: torch.dtype, heads: tuple[int, int, 
         q = torch.randn(num_rows, num_heads, head_dim).to(dtype)
         k = torch.randn(num_rows, num_kv_heads, head_dim).to(dtype)
         v = torch.randn(num_rows, num_kv_heads, head_dim).to(dtype)
-        got = CpuPagedAttention(pool, batch)(0, q, k, v)
-        want = TorchSdpaPagedAttention(pool, batch)(0, q, k, v)
+        got = CpuPagedAttention(pool, batch)(AttentionSpec.plain(0, head_dim), q, k, v)
+        want = TorchSdpaPagedAttention(pool, batch)(AttentionSpec.plain(0, head_dim), q, k, v)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol,
                                    msg=f"trial {trial}")
@@ -84,8 +85,9 @@ def test_cpu_kernel_equals_reference(dtype: torch.dtype, heads: tuple[int, int, 
         sub = make_batch(pool, [extend_lens[i] for i in short],
                          [context_lens[i] for i in short], rng)
         rows = sum(sub.extend_lens)
-        got = CpuPagedAttention(pool, sub)(0, q[:rows], k[:rows], v[:rows])
-        want = TorchSdpaPagedAttention(pool, sub)(0, q[:rows], k[:rows], v[:rows])
+        spec = AttentionSpec.plain(0, head_dim)
+        got = CpuPagedAttention(pool, sub)(spec, q[:rows], k[:rows], v[:rows])
+        want = TorchSdpaPagedAttention(pool, sub)(spec, q[:rows], k[:rows], v[:rows])
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
@@ -109,8 +111,9 @@ def test_kernel_stores_strided_rows_of_a_fused_qkv(dtype: torch.dtype,
     qkv = torch.randn(11, cfg.q_size + 2 * cfg.kv_size).to(dtype)
     q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     q, k, v = q.view(11, 9, 64), k.view(11, 3, 64), v.view(11, 3, 64)
-    got = CpuPagedAttention(pool, batch)(0, q, k, v)
-    want = TorchSdpaPagedAttention(ref_pool, batch)(0, q.contiguous(), k.contiguous(),
+    spec = AttentionSpec.plain(0, 64)
+    got = CpuPagedAttention(pool, batch)(spec, q, k, v)
+    want = TorchSdpaPagedAttention(ref_pool, batch)(spec, q.contiguous(), k.contiguous(),
                                                      v.contiguous())
     tol = 1e-5 if pool_dtype == torch.float32 else 2e-2
     assert got.dtype == dtype

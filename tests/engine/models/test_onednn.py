@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from engine.attention.dense import DenseAttention
 from engine.models import onednn
-from engine.models.llama import PackedWeights
 from engine.models.loader import LoadedModel, _onednn_layer
+from engine.models.weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="torch has no oneDNN")
 
@@ -51,7 +51,7 @@ def test_extends_on_onednn_weights_equal_dense(tiny: LoadedModel) -> None:
     packed = dense.with_packed(PackedWeights(tuple(w.layers), w.lm_head, max_rows=0,
                                              extend_layers=tuple(_onednn_layer(layer)
                                                                  for layer in w.layers)))
-    assert packed.weights_name == "gguf codes (<= 0 rows), onednn extends"
+    assert packed.weights_name == "dense decodes, onednn extends"
     ids = torch.randint(0, dense.config.vocab_size, (40,),
                         generator=torch.Generator().manual_seed(0))
     positions = torch.arange(40)

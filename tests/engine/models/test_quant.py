@@ -11,9 +11,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from engine.attention.dense import DenseAttention
-from engine.models.llama import LlamaModel, PackedWeights
+from engine.models.decoder import DecoderModel
 from engine.models.loader import LoadedModel
 from engine.models.quant import PackedWeight, concat, kernel, pack_ggml, qlinear
+from engine.models.weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(kernel() is None, reason="the qlinear kernel is not built")
 
@@ -37,7 +38,9 @@ def test_pack_is_exact(qtype: GGMLQuantizationType) -> None:
 def test_unsupported_types_are_not_packed() -> None:
     raw = np.zeros((4, 64), dtype=np.float32)
     assert pack_ggml(GGMLQuantizationType.F32, raw) is None
-    assert pack_ggml(GGMLQuantizationType.Q4_K, np.zeros((4, 144), dtype=np.uint8)) is None
+    # Q5_K's per-weight fifth bit and Q6_K's 16-weight scales fit no kernel form (quant.py).
+    assert pack_ggml(GGMLQuantizationType.Q5_K, np.zeros((4, 176), dtype=np.uint8)) is None
+    assert pack_ggml(GGMLQuantizationType.Q6_K, np.zeros((4, 210), dtype=np.uint8)) is None
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -78,7 +81,7 @@ def test_rows_and_concat_keep_values() -> None:
 
 
 def _packed_model(tiny: LoadedModel, qtype: GGMLQuantizationType, max_rows: int) -> tuple[
-        LlamaModel, LlamaModel]:
+        DecoderModel, DecoderModel]:
     """The tiny model's weights rounded to `qtype` (dense, the reference) and the same model
     with few-row forwards on the packed codes."""
     def pack(w: torch.Tensor) -> PackedWeight:
@@ -97,7 +100,7 @@ def _packed_model(tiny: LoadedModel, qtype: GGMLQuantizationType, max_rows: int)
                                 gate_up=p.gate_up.dequantize(), down=p.down.dequantize())
                     for layer, p in zip(w.layers, layers, strict=True)]  # type: ignore[union-attr]
     embed = lm_head.dequantize()
-    dense = LlamaModel(model.config, type(w)(embed, dense_layers, w.norm, embed), torch.float32)
+    dense = DecoderModel(model.config, type(w)(embed, dense_layers, w.norm, embed), torch.float32)
     return dense, dense.with_packed(PackedWeights(tuple(layers), lm_head, max_rows))
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, Rope
 from engine.models import rowops
-from engine.models.llama import apply_rotary, rms_norm, rotary_tables
+from engine.models.ops import apply_rotary, rms_norm
+from engine.models.rope import rotary_tables
 
 pytestmark = pytest.mark.skipif(rowops.kernel() is None, reason="the row-ops kernel is not built")
 
@@ -37,7 +38,8 @@ def test_rotary_rotates_q_and_k_heads_only(positions: torch.Tensor) -> None:
                       num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=32,
                       rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=512,
                       tie_word_embeddings=True)
-    cos, sin = rotary_tables(cfg, torch.float32)
+    cos, sin = rotary_tables(Rope(cfg.rope_theta), cfg.head_dim, cfg.max_position_embeddings,
+                             torch.float32)
     num_rows = positions.shape[0]
     qkv = torch.randn(num_rows, cfg.q_size + 2 * cfg.kv_size)
     q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -91,7 +93,8 @@ def test_rotary_on_bf16_rows() -> None:
                       num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=32,
                       rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=512,
                       tie_word_embeddings=True)
-    cos, sin = rotary_tables(cfg, torch.float32)
+    cos, sin = rotary_tables(Rope(cfg.rope_theta), cfg.head_dim, cfg.max_position_embeddings,
+                             torch.float32)
     positions = torch.arange(0, 512, 8)
     qkv = torch.randn(positions.shape[0], cfg.q_size + 2 * cfg.kv_size).to(torch.bfloat16)
     want = rowops.rotary_(qkv.float(), cfg.num_heads + cfg.num_kv_heads, 16, positions, cos,
