@@ -25,8 +25,10 @@ from engine.models.weights import ModelWeights, PackedWeights
 from engine.tokenizer_gguf import GGUFTensor, read_gguf_metadata, read_gguf_tensors
 
 # The tensor types loaded (and tested, tests/engine/models): others are refused by name.
-SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K,
-                             T.Q6_K})
+# Q5_0/Q5_1 are what llama-quantize writes for K-quant tensors whose rows are not a multiple of
+# 256 (Q4_K_M of a 576- or 640-wide model has them).
+SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
+                             T.Q4_K, T.Q5_K, T.Q6_K})
 # Canonical projections whose codes the packed path may read, and what they fuse into.
 PACKABLE = ("q", "k", "v", "o", "gate", "up", "down")
 
