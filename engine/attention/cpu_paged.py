@@ -10,6 +10,7 @@ The kernel is built by pip with the package (setup.py); where it was not (no C c
 from __future__ import annotations
 
 import functools
+import math
 from itertools import accumulate
 from types import ModuleType
 
@@ -46,7 +47,8 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
                     row_starts: torch.Tensor, page_size: int, split_len: int,
                     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, *,
                     scale: float | None = None, window: int | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, _layout_checked: bool = False
+                    ) -> torch.Tensor:
     """Sequences of few query rows over their paged context. q: (R, Hq, D), sequence s owning
     rows [row_starts[s], row_starts[s + 1]), the last rows of its context_lens[s] tokens (row t
     of T, at position p = context_len - T + t, sees positions <= p); flat_k, flat_v:
@@ -70,9 +72,15 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
     sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sink - m)); None: no sink."""
     ext = require(kernel(), "paged_attention")
     num_heads, head_dim = q.shape[1], q.shape[2]
-    _check_layout(q, flat_k, flat_v, (pages, page_starts, context_lens, row_starts))
+    if not _layout_checked:  # CpuPagedAttention checks a step's tensors once, not per layer
+        _check_layout(q, flat_k, flat_v, (pages, page_starts, context_lens, row_starts))
+    elif not (q.is_cpu and q.dim() == 3 and q.shape[2] == flat_k.shape[2]):
+        raise ValueError(f"paged_attention: q {list(q.shape)} on {q.device} does not fit the "
+                         f"pool's heads of {flat_k.shape[2]}")
     if scale is None:
         scale = head_dim**-0.5
+    elif type(scale) is float and math.isfinite(scale):
+        pass  # the engine's case, decided in one test (this runs once per layer and step)
     elif isinstance(scale, bool) or not isinstance(scale, int | float):
         raise TypeError(f"paged_attention: scale must be a float, got {type(scale).__name__}")
     elif not abs(scale) < float("inf"):
@@ -183,6 +191,11 @@ class CpuPagedAttention:
         self.context_lens = torch.tensor([batch.context_lens[i] for i in short], dtype=torch.int64)
         lens = [batch.extend_lens[i] for i in short]
         self.kernel_row_starts = torch.tensor([0, *accumulate(lens)], dtype=torch.int64)
+        # Once a step: every layer's call reads these same tensors and an equal pool layer.
+        query = torch.empty(0, pool.k[0].shape[2], pool.k[0].shape[3])
+        _check_layout(query, pool.flat_k(0), pool.flat_v(0), (self.pages, self.page_starts,
+                                                              self.context_lens,
+                                                              self.kernel_row_starts))
         if self.long_items:
             self.short_rows = torch.cat([torch.arange(self.row_starts[i], self.row_starts[i + 1])
                                          for i in short])
@@ -222,4 +235,5 @@ class CpuPagedAttention:
                 ) -> torch.Tensor:
         return paged_attention(q, flat_k, flat_v, self.pages, self.page_starts, self.context_lens,
                                self.kernel_row_starts, self.page_size, self.split_len, new_kv,
-                               scale=spec.scale, window=spec.window, sinks=spec.sinks)
+                               scale=spec.scale, window=spec.window, sinks=spec.sinks,
+                               _layout_checked=True)

@@ -84,8 +84,8 @@ class CpuOps(TorchOps):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype) -> torch.Tensor:
-        if (x.dtype != torch.float32 or weight.dtype != torch.float32
-                or out_dtype not in rowops.ROW_DTYPES or not x.is_contiguous()):
+        if not (x.dtype is torch.float32 and weight.dtype is torch.float32
+                and out_dtype in rowops.ROW_DTYPES and x.is_contiguous()):
             return super().rms_norm(x, weight, eps, out_dtype)
         return rowops.rms_norm(x, weight, eps, out_dtype)
 

@@ -160,14 +160,16 @@ def qlinear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = N
     connection with no extra pass), and `add_to` is returned."""
     ext = require(kernel(), "qlinear")
     n, k = weight.shape
-    if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != k:
+    if not (x.is_cpu and x.dim() == 2 and x.shape[1] == k):
         raise ValueError(f"qlinear: input {list(x.shape)} on {x.device} does not fit a CPU "
                          f"weight of {[n, k]}")
     x32 = x if x.dtype == torch.float32 and x.is_contiguous() else (
         x.detach().to(torch.float32).contiguous())
     num_rows = x32.shape[0]
     if add_to is not None:
-        check_buffer(add_to, "qlinear add_to", (torch.float32,), (num_rows, n))
+        if not (add_to.dtype is torch.float32 and add_to.is_contiguous()
+                and add_to.shape == (num_rows, n) and add_to.is_cpu):
+            check_buffer(add_to, "qlinear add_to", (torch.float32,), (num_rows, n))
         if bias is not None:
             raise ValueError("qlinear: add_to takes no bias")
     out = add_to if add_to is not None else torch.empty(num_rows, n, dtype=torch.float32)

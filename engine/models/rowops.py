@@ -26,9 +26,14 @@ def _ext() -> ModuleType:
     return require(kernel(), "engine.models.rowops")
 
 
-def _check(t: torch.Tensor, what: str, *dtypes: torch.dtype) -> None:
-    # The C code reads raw memory: dtype, device and layout are checked before it does.
-    check_buffer(t, what, dtypes or (torch.float32,))
+FP32 = (torch.float32,)
+
+
+def _check(t: torch.Tensor, what: str, dtypes: tuple[torch.dtype, ...] = FP32) -> None:
+    # The C code reads raw memory: dtype, device and layout are checked before it does (the
+    # passing case inline: a decode step makes ~300 of these calls).
+    if not (t.dtype in dtypes and t.is_cpu and t.is_contiguous()):
+        check_buffer(t, what, dtypes)
 
 
 ROW_DTYPES = (torch.float32, torch.bfloat16)
@@ -39,7 +44,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """`(x * rsqrt(mean(x^2, -1) + eps) * weight).to(out_dtype)` for fp32 x (rows, hidden): a
     new tensor, fp32 or bf16."""
     _check(x, "rms_norm input")
-    _check(weight, "rms_norm weight", torch.float32)
+    _check(weight, "rms_norm weight")
     if out_dtype not in ROW_DTYPES:
         raise TypeError(f"rms_norm writes fp32 or bf16 rows, not {out_dtype}")
     if weight.shape != x.shape[-1:] or x.dim() != 2:
@@ -57,10 +62,10 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
     place by its position ("rotate half": `x * cos[p] + cat(-x2, x1) * sin[p]` per head, in
     fp32), cos/sin the fp32 (max_positions, head_dim) tables. Heads past `num_heads` (v) are
     left as they are."""
-    _check(qkv, "rotary rows", *ROW_DTYPES)
+    _check(qkv, "rotary rows", ROW_DTYPES)
     _check(cos, "rotary cos table")
     _check(sin, "rotary sin table")
-    _check(positions, "rotary positions", torch.int64)
+    _check(positions, "rotary positions", (torch.int64,))
     if qkv.dim() != 2 or num_heads * head_dim > qkv.shape[1] or positions.shape != qkv.shape[:1]:
         raise ValueError(f"rotary: {num_heads} heads of {head_dim} and {positions.shape[0]} "
                          f"positions do not fit rows {list(qkv.shape)}")
@@ -77,7 +82,7 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """`silu(gate) * up` for `gate_up` = [gate | up] (rows, 2 * intermediate), fp32 or bf16, in
     fp32; the result in `gate_up`'s dtype."""
-    _check(gate_up, "silu_mul rows", *ROW_DTYPES)
+    _check(gate_up, "silu_mul rows", ROW_DTYPES)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"silu_mul needs (rows, 2 * intermediate), got {list(gate_up.shape)}")
     inter = gate_up.shape[1] // 2

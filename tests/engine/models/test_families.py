@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine.attention.registry import get_backend
-from engine.models.loader import load_model
+from engine.models.loader import default_dtype, load_model
 from tests.engine.models.family_checks import (
     SHARED,
     backends,
@@ -109,3 +109,22 @@ def test_packed_path_equals_dense(case: str, folders: Callable[[str], Path]) -> 
     got = paged_logits(packed.model, backend, first, second)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_default_dtype_tracks_fp32(case: str, folders: Callable[[str], Path]) -> None:
+    """The mode `--dtype auto` serves on this CPU (mixed precision where it has bf16
+    instructions, else fp32), packed, against the fp32 reference: bf16 projections move logits
+    by rounding, so the bound is on agreement, not equality."""
+    folder = folders(case)
+    dtype = default_dtype("cpu")
+    dense = load_model(str(folder), "fp32", show_progress=False, packed=False)
+    served = load_model(str(folder), dtype, show_progress=False, packed=True)
+    first, second = prompts(dense.tokenizer.encode)
+    backend = get_backend("torch")
+    want = torch.cat(paged_logits(dense.model, backend, first, second))
+    got = torch.cat(paged_logits(served.model, backend, first, second))
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    mean_diff = (got - want).abs().mean().item()
+    print(f"{case} ({dtype}): argmax agreement {agree:.3f}, mean |logit diff| {mean_diff:.3f}")
+    assert agree >= 0.9 and mean_diff <= 0.1
