@@ -158,7 +158,9 @@ def qlinear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = N
     """`x @ W.T + bias` for x (rows, k) on the CPU -> fp32 (rows, n). With `add_to` (a
     contiguous fp32 (rows, n) tensor) the product is added into it in place (a residual
     connection with no extra pass), and `add_to` is returned."""
-    ext = require(kernel(), "qlinear")
+    ext = kernel()
+    if ext is None:
+        ext = require(ext, "qlinear")  # raises
     n, k = weight.shape
     if not (x.is_cpu and x.dim() == 2 and x.shape[1] == k):
         raise ValueError(f"qlinear: input {list(x.shape)} on {x.device} does not fit a CPU "

@@ -23,7 +23,8 @@ def kernel() -> ModuleType | None:
 
 
 def _ext() -> ModuleType:
-    return require(kernel(), "engine.models.rowops")
+    ext = kernel()
+    return ext if ext is not None else require(ext, "engine.models.rowops")
 
 
 FP32 = (torch.float32,)

@@ -100,3 +100,13 @@ def hf_generate(hf: torch.nn.Module, ids: list[int], max_new_tokens: int = 32) -
         out = hf.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
                           eos_token_id=None, pad_token_id=0)
     return [int(t) for t in out[0, len(ids):]]
+
+
+def max_logit_diff(model: Model, backend: str, hf: torch.nn.Module, first: list[int],
+                   second: list[int]) -> float:
+    """Largest |ours - transformers| over `paged_logits`'s rows, through `backend`."""
+    from engine.attention.registry import get_backend
+
+    got_first, got_second = paged_logits(model, get_backend(backend), first, second)
+    return max((got_first - hf_logits(hf, first)).abs().max().item(),
+               (got_second - hf_logits(hf, second)[SHARED:]).abs().max().item())

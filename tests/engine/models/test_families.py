@@ -26,8 +26,8 @@ from tests.engine.models.family_checks import (
     backends,
     engine_greedy,
     hf_generate,
-    hf_logits,
     hf_model,
+    max_logit_diff,
     paged_logits,
     prompts,
 )
@@ -74,10 +74,7 @@ def test_paged_logits_match_transformers(case: str, backend: str,
     loaded = load_model(str(folder), "fp32", show_progress=False, packed=False)
     first, second = prompts(loaded.tokenizer.encode)
     hf = hf_model(folder)
-    got_first, got_second = paged_logits(loaded.model, get_backend(backend), first, second)
-    want_first, want_second = hf_logits(hf, first), hf_logits(hf, second)[SHARED:]
-    diff = max((got_first - want_first).abs().max().item(),
-               (got_second - want_second).abs().max().item())
+    diff = max_logit_diff(loaded.model, backend, hf, first, second)
     print(f"{case}/{backend}: max |logit diff| {diff:.2e}")
     assert diff < LOGIT_ATOL
 

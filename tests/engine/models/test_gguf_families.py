@@ -20,16 +20,14 @@ from typing import Any
 
 import pytest
 
-from engine.attention.registry import get_backend
 from engine.models.loader import load_model
 from engine.tokenizer_gguf import read_gguf_tensors
 from tests.engine.models.family_checks import (
     SHARED,
     engine_greedy,
     hf_generate,
-    hf_logits,
     hf_model,
-    paged_logits,
+    max_logit_diff,
     prompts,
 )
 from tests.gguf_convert import convert
@@ -84,9 +82,7 @@ def test_gguf_logits_match_transformers_on_the_same_file(
     first, second = prompts(loaded.tokenizer.encode)
     hf = hf_model(path.parent, gguf_file=path.name, **CASES[case][3])
     for backend in ("torch", "cpu"):
-        got_first, got_second = paged_logits(loaded.model, get_backend(backend), first, second)
-        diff = max((got_first - hf_logits(hf, first)).abs().max().item(),
-                   (got_second - hf_logits(hf, second)[SHARED:]).abs().max().item())
+        diff = max_logit_diff(loaded.model, backend, hf, first, second)
         print(f"{case} ({', '.join(sorted(types))}) / {backend}: max |logit diff| {diff:.2e}")
         assert diff < LOGIT_ATOL
 
@@ -118,9 +114,7 @@ def test_llama31_rope_freqs_are_applied(tmp_path: Path) -> None:
     assert loaded.model.config.rope_freq_factors is not None
     first, second = prompts(loaded.tokenizer.encode)
     hf = hf_model(folder)
-    got_first, got_second = paged_logits(loaded.model, get_backend("torch"), first, second)
-    diff = max((got_first - hf_logits(hf, first)).abs().max().item(),
-               (got_second - hf_logits(hf, second)[SHARED:]).abs().max().item())
+    diff = max_logit_diff(loaded.model, "torch", hf, first, second)
     assert diff < LOGIT_ATOL, diff
     results = engine_greedy(loaded, [first])
     assert results[0].output_token_ids == hf_generate(hf, first)

@@ -11,16 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.attention.registry import get_backend
 from engine.models import mxfp4
 from engine.models.loader import load_model
 from tests.engine.models.family_checks import (
-    SHARED,
     engine_greedy,
     hf_generate,
-    hf_logits,
     hf_model,
-    paged_logits,
+    max_logit_diff,
     prompts,
 )
 from tests.tiny_hf import build_tiny
@@ -71,9 +68,7 @@ def test_mxfp4_checkpoint_matches_transformers(mxfp4_folder: Path) -> None:
     # Dequantised by transformers itself (with triton installed it would fetch hub kernels).
     hf = hf_model(mxfp4_folder,
                   quantization_config=transformers.Mxfp4Config(dequantize=True))
-    got_first, got_second = paged_logits(loaded.model, get_backend("torch"), first, second)
-    diff = max((got_first - hf_logits(hf, first)).abs().max().item(),
-               (got_second - hf_logits(hf, second)[SHARED:]).abs().max().item())
+    diff = max_logit_diff(loaded.model, "torch", hf, first, second)
     assert diff < 2e-4, diff
     (result,) = engine_greedy(loaded, [first])
     assert result.output_token_ids == hf_generate(hf, first)
