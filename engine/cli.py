@@ -50,6 +50,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="where --kv-disk writes (default: <state dir>/kv under `serve`, "
                              "./radixgate-kv for `engine`)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                        help="longest sequence served, prompt plus output (default: the "
+                             "model's context length); a longer prompt is refused (400)")
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--max-batch-tokens", type=int, default=1024,
                         help="token budget per step (decodes + prefill chunks)")
@@ -88,7 +91,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         device=args.device,
                         cuda_graphs=not args.no_cuda_graphs,
                         host_kv_memory_bytes=args.host_kv_memory * MIB,
-                        kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB)
+                        kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB,
+                        max_context=args.max_context)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -156,6 +160,8 @@ def generate_main(args: argparse.Namespace) -> int:
                                          add_generation_prompt=True)
                 if args.chat and tok.chat_template is not None else args.prompt)
         prompt_ids = tok.encode(text)
+        if not args.chat and tok.add_bos_token and tok.bos_token_id is not None:
+            prompt_ids = [tok.bos_token_id, *prompt_ids]
         stats = GenerationStats()
         if args.reference:
             decoder = tok.stream_decoder()

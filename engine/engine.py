@@ -28,7 +28,7 @@ from engine.kv_pool import KVPool, plan_kv_layout
 from engine.model_runner import ModelRunner
 from engine.models.loader import LoadedModel, place_model
 from engine.protocol import Extend, Failed, Finished, Message, Stats, TokenChunk
-from engine.request_limits import clamp_max_tokens, finished_of, replay_output
+from engine.request_limits import clamp_max_tokens, context_len, finished_of, replay_output
 from engine.sampling import TokenChoice, make_generator, sample_batch
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.factory import make_speculator
@@ -53,6 +53,8 @@ class EngineConfig:
     host_kv_memory_bytes: int = 0  # a host KV tier that evicted pages spill into (0: none)
     kv_dir: str | None = None  # pinned heads' KV is written here (engine.cache.disk_tier)
     kv_disk_bytes: int = 0  # bound on kv_dir (0: no disk tier)
+    # Longest sequence (prompt + output) served; None: the model's own context length.
+    max_context: int | None = None
 
 
 class Engine:
@@ -62,6 +64,8 @@ class Engine:
         self.loaded = place_model(loaded, self.config.device)
         self.clock = clock
         model = self.loaded.model
+        self.context_len = context_len(model.config.max_position_embeddings,
+                                       self.config.max_context)
         layout = plan_kv_layout(model.config, self.config.kv_memory_bytes, self.config.page_size,
                                 model.kv_dtype)
         self.kv_pool = KVPool(model.config, layout, model.kv_dtype, device=model.device)
@@ -123,8 +127,7 @@ class Engine:
     def step(self) -> list[Message]:
         """Run one scheduled batch. Returns the token chunks and final messages it produced."""
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running,
-                                    self.loaded.model.config.max_position_embeddings)
+            self.speculator.propose(self.scheduler.running, self.context_len)
         items = self.scheduler.schedule()
         if not items:
             return []
@@ -198,8 +201,7 @@ class Engine:
         ids = prompt + list(extend.resume_output_ids)
         if min(ids) < 0 or max(ids) >= cfg.vocab_size:
             raise InvalidRequest(f"token ids must be in [0, {cfg.vocab_size})")
-        sampling = clamp_max_tokens(extend.sampling, len(prompt),
-                                    self.loaded.model.config.max_position_embeddings,
+        sampling = clamp_max_tokens(extend.sampling, len(prompt), self.context_len,
                                     self.kv_pool.layout.num_tokens)
         stop_ids = set(extend.sampling.stop_token_ids)
         if not extend.sampling.ignore_eos:

@@ -12,6 +12,17 @@ from engine.protocol import Finished, Timings
 from engine.sampling_params import SamplingParams
 
 
+def context_len(model_len: int, max_context: int | None) -> int:
+    """The longest sequence an engine serves: `max_context` (--max-context), at most the
+    model's own `model_len` positions. Raises InvalidRequest for a value outside that."""
+    if max_context is None:
+        return model_len
+    if not 1 <= max_context <= model_len:
+        raise InvalidRequest(f"--max-context {max_context} is outside 1..{model_len}, the "
+                             "model's context length")
+    return max_context
+
+
 def clamp_max_tokens(sampling: SamplingParams, prompt_len: int, context_len: int,
                      pool_tokens: int) -> SamplingParams:
     """`sampling` with max_tokens cut to the room left after the prompt (in the model context
@@ -19,9 +30,10 @@ def clamp_max_tokens(sampling: SamplingParams, prompt_len: int, context_len: int
     with finish reason "length". Raises RequestTooLong when not even one output token fits."""
     room = min(context_len, pool_tokens) - prompt_len
     if room < 1:
-        where = (f"the model context of {context_len}" if context_len <= prompt_len else
+        where = (f"the context of {context_len} tokens (--max-context)"
+                 if context_len <= prompt_len else
                  f"the KV pool ({pool_tokens} tokens); raise --kv-memory")
-        raise RequestTooLong(f"{prompt_len} prompt tokens leave no room in {where}")
+        raise RequestTooLong(f"the prompt's {prompt_len} tokens leave no room in {where}")
     if sampling.max_tokens <= room:
         return sampling
     return replace(sampling, max_tokens=room)

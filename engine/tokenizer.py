@@ -1,7 +1,9 @@
-"""The engine's tokenizer: the model's own byte-level BPE vocabulary run by tiktoken.
+"""The engine's tokenizer: the model's own BPE vocabulary, byte-level run by tiktoken or
+SentencePiece (Gemma) run by engine.tokenizer_spm.
 
-Token ids are tiktoken ranks (`tokenizer_vocab.check_merge_order` proves that sound for a vocab),
-special tokens are tiktoken special tokens, and the pre-tokenizer regex is the model's.
+Byte-level: token ids are tiktoken ranks (`tokenizer_vocab.check_merge_order` proves that sound
+for a vocab), special tokens are tiktoken special tokens, and the pre-tokenizer regex is the
+model's. Either way decoding is by each token's raw bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tiktoken
 
 from engine.chat_template import ChatTemplate
 from engine.errors import InvalidRequest, UnsupportedModel
+from engine.tokenizer_spm import SpmEncoder
 from engine.tokenizer_vocab import BPEVocab, vocab_from_gguf, vocab_from_tokenizer_json
 
 # End-of-turn/-text control tokens that stop generation besides eos (llama.cpp's end-of-generation
@@ -32,6 +35,7 @@ class Tokenizer:
     __slots__ = (
         "_vocab",
         "_encoding",
+        "_spm",
         "_ranks",
         "_missing_bytes",
         "_pattern",
@@ -44,9 +48,17 @@ class Tokenizer:
     def __init__(self, vocab: BPEVocab) -> None:
         """Build from a checked vocabulary. Raises `UnsupportedModel` if tiktoken rejects it."""
         specials = vocab.special_tokens
+        self._vocab = vocab
+        self._finish(vocab)
+        self._spm: SpmEncoder | None = None
+        self._encoding: tiktoken.Encoding | None = None
+        if vocab.spm is not None:
+            self._spm = SpmEncoder(vocab.spm)
+            # Byte fallback covers every byte; special tokens are matched by the encoder.
+            self._missing_bytes = b""
+            return
         special_ids = set(specials.values())
         ranks = {b: i for i, b in enumerate(vocab.token_bytes) if i not in special_ids}
-        self._vocab = vocab
         self._ranks: Mapping[bytes, int] = MappingProxyType(ranks)
         # Bytes with no single-byte token: text holding them takes `_encode_dropping` (see there).
         self._missing_bytes = bytes(b for b in range(256) if bytes((b,)) not in ranks)
@@ -68,6 +80,10 @@ class Tokenizer:
             )
         except (AssertionError, ValueError) as exc:
             raise UnsupportedModel(f"tiktoken rejected the vocabulary: {exc}") from exc
+
+    def _finish(self, vocab: BPEVocab) -> None:
+        """What every vocabulary kind sets: chat template, stop ids and the vocabulary hash."""
+        specials = vocab.special_tokens
         self._chat_template = _chat_template_for(vocab)
         stop = [vocab.eos_token_id, *map(specials.get, STOP_TOKEN_TEXTS)]
         self._stop_token_ids = tuple(dict.fromkeys(i for i in stop if i is not None))
@@ -75,6 +91,8 @@ class Tokenizer:
         for token in vocab.token_bytes:
             digest.update(len(token).to_bytes(4, "little") + token)
         digest.update(json.dumps(sorted(specials.items())).encode())
+        if vocab.spm is not None:  # the pieces decide the merges, beyond their bytes
+            digest.update("\x00".join(vocab.spm.pieces).encode())
         self._vocab_hash = digest.hexdigest()[:32]
 
     @classmethod
@@ -127,10 +145,24 @@ class Tokenizer:
     def chat_template(self) -> ChatTemplate | None:
         return self._chat_template
 
+    @property
+    def add_bos_token(self) -> bool:
+        """Whether a raw prompt should start with BOS (the file's `add_bos_token`); chat
+        templates write their own."""
+        return self._vocab.add_bos_token and self._vocab.bos_token_id is not None
+
+    @property
+    def default_template_family(self) -> str | None:
+        """The family whose standard chat format stands in for a template the model's file
+        lacks (e.g. "Gemma"), or None when the file has its own."""
+        return self._vocab.default_template_family
+
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         """Token ids of `text`; no BOS is added. With `allow_special`, special-token strings in
         `text` become their ids; otherwise they are encoded as ordinary text. Characters whose
         bytes have no token are dropped, as HF tokenizers and llama.cpp drop them."""
+        if self._spm is not None:
+            return self._spm.encode(text, allow_special=allow_special)
         if self._missing_bytes:
             try:
                 raw = text.encode("utf-8")
@@ -139,9 +171,12 @@ class Tokenizer:
                 raw = text.encode("utf-8")
             if len(raw.translate(None, self._missing_bytes)) != len(raw):
                 return self._encode_dropping(text, allow_special)
+        encoding = self._encoding
+        if encoding is None:  # unreachable: built for every byte-level vocabulary
+            raise RuntimeError("tokenizer has no encoder")
         if allow_special:
-            return self._encoding.encode(text, allowed_special="all")
-        return self._encoding.encode_ordinary(text)
+            return encoding.encode(text, allowed_special="all")
+        return encoding.encode_ordinary(text)
 
     def decode_bytes(self, token_ids: Iterable[int]) -> bytes:
         """Concatenated raw bytes of `token_ids` (special tokens as their text). Raises

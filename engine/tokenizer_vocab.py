@@ -1,4 +1,5 @@
-"""Byte-level BPE vocabularies, read from a GGUF file or an HF `tokenizer.json`.
+"""BPE vocabularies, read from a GGUF file or an HF `tokenizer.json`: byte-level ones (run by
+tiktoken) and Gemma's SentencePiece one (engine.tokenizer_spm).
 
 `BPEVocab` is the model-independent description `engine.tokenizer.Tokenizer` is built from: the raw
 bytes of every token, which of them are special, and the pre-tokenizer regex the merges were
@@ -14,8 +15,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from engine import default_templates
 from engine.errors import UnsupportedModel
 from engine.tokenizer_gguf import read_gguf_metadata
+from engine.tokenizer_spm import SPM_ARCHITECTURES, SpmVocab
 
 # GPT-2 pre-tokenizer regex, as HF `ByteLevel(use_regex=True)` applies it.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -103,6 +106,13 @@ class BPEVocab:
     bos_token_id: int | None
     eos_token_id: int | None
     chat_template: str | None
+    # A SentencePiece vocabulary (Gemma) is run by engine.tokenizer_spm instead of tiktoken;
+    # `pattern` is then unused.
+    spm: SpmVocab | None = None
+    # The family whose standard chat format stands in for a template the file lacks, or None.
+    default_template_family: str | None = None
+    # Whether a raw prompt (no chat template, which writes its own) starts with BOS.
+    add_bos_token: bool = False
 
     def __post_init__(self) -> None:
         for text, token_id in self.special_tokens.items():
@@ -137,11 +147,16 @@ def check_merge_order(ids: Mapping[str, int], merges: Iterable[str | Sequence[st
 
 def vocab_from_gguf(path: Path) -> BPEVocab:
     """Read the tokenizer a GGUF file describes. Raises `UnsupportedModel` for anything but a
-    byte-level BPE ("gpt2") vocabulary with a known pre-tokenizer."""
-    meta = read_gguf_metadata(path, prefixes=("tokenizer.",))
+    byte-level BPE ("gpt2") vocabulary with a known pre-tokenizer or a Gemma SentencePiece one."""
+    meta = read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture"))
     model = meta.get("tokenizer.ggml.model")
+    arch = str(meta.get("general.architecture", ""))
+    if model == "llama" and arch in SPM_ARCHITECTURES:
+        return _spm_vocab_from_gguf(meta, arch)
     if model != "gpt2":
-        raise UnsupportedModel(f"{path}: tokenizer.ggml.model={model!r}; only 'gpt2' is supported")
+        raise UnsupportedModel(
+            f"{path}: tokenizer.ggml.model={model!r} ({arch}); supported: 'gpt2' (byte-level BPE) "
+            f"and 'llama' (SentencePiece) for {', '.join(SPM_ARCHITECTURES)}")
     pre = str(meta.get("tokenizer.ggml.pre", "gpt-2"))
     if pre not in GGUF_PRE_PATTERNS:
         raise UnsupportedModel(f"{path}: unknown pre-tokenizer tokenizer.ggml.pre={pre!r}")
@@ -162,6 +177,34 @@ def vocab_from_gguf(path: Path) -> BPEVocab:
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         chat_template=meta.get("tokenizer.chat_template"),
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def _spm_vocab_from_gguf(meta: Mapping[str, Any], arch: str) -> BPEVocab:
+    """A SentencePiece vocabulary: control and user-defined pieces are matched whole in text,
+    and a file without a chat template gets its family's standard format."""
+    tokens: Sequence[str] = meta["tokenizer.ggml.tokens"]
+    types: Sequence[int] = meta.get("tokenizer.ggml.token_type") or (1,) * len(tokens)
+    spm = SpmVocab.from_gguf_tokens(tokens, types, meta.get("tokenizer.ggml.unknown_token_id"))
+    special_types = (GGUF_TOKEN_TYPE_CONTROL, GGUF_TOKEN_TYPE_USER_DEFINED)
+    special = {tok: i for i, (tok, kind) in enumerate(zip(tokens, types, strict=True))
+               if kind in special_types}
+    template = meta.get("tokenizer.chat_template")
+    family = None
+    if template is None and arch in default_templates.BY_ARCHITECTURE:
+        family, template = default_templates.BY_ARCHITECTURE[arch]
+    return BPEVocab(
+        token_bytes=spm.token_bytes(),
+        special_tokens=MappingProxyType(special),
+        pattern="",
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        chat_template=template,
+        spm=spm,
+        default_template_family=family,
+        # transformers' default for SentencePiece files that do not say (llama.cpp's too).
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
     )
 
 

@@ -78,6 +78,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
             str(args.draft_backoff), "--device", args.device]
     if args.model:
         argv += ["--model", args.model]
+    if args.max_context:
+        argv += ["--max-context", str(args.max_context)]
     if args.kv_disk:  # the workers of one state dir share it (files are named by content)
         argv += ["--kv-dir", str(args.kv_dir or _settings(args).state_dir / "kv")]
     if args.threads:

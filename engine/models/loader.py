@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -17,6 +18,8 @@ from engine.models.hf_loader import load_hf
 from engine.models.locate import resolve_model_path
 from engine.models.weights import LayerWeights, MixedPrecision, PackedWeights, with_projections
 from engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16}
@@ -116,6 +119,12 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     else:
         config, weights = load_hf(path, torch_dtype, show_progress=show_progress)
         tokenizer = Tokenizer.from_tokenizer_json(path / "tokenizer.json")
+    if tokenizer.default_template_family is not None:
+        note = (f"{path.name} has no chat template; using the {tokenizer.default_template_family} "
+                "turn format")
+        logger.info(note)
+        if show_progress:
+            print(f"radixgate: {note}", file=sys.stderr, flush=True)
     if want_packed and packed_weights is None:
         # No codes the kernel reads (an HF folder, an F16 GGUF): decodes keep the dense
         # weights, extends and the row ops still take the packed path.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.engine import Engine
+from engine.errors import InvalidRequest
 from engine.models.loader import LoadedModel
 from engine.protocol import Extend, Failed, Finished, Message, TokenChunk
 from engine.sampling_params import SamplingParams
@@ -90,3 +91,20 @@ def test_impossible_resume_is_a_clean_error(tiny: LoadedModel, resume: object, w
     (failure,) = engine.submit(extend)
     assert isinstance(failure, Failed) and failure.error_type == "invalid_request", why
     assert not engine.has_work and engine.page_pool.num_free_pages == engine.page_pool.num_pages
+
+
+def test_max_context_limits_prompt_and_output(tiny: LoadedModel) -> None:
+    """--max-context: a prompt that fills it is refused before any compute, naming both
+    lengths; a shorter one's output stops at it; a value past the model's context is refused
+    at start."""
+    engine = make_engine(tiny, kv_memory_bytes=64 << 20, max_context=100)
+    (failure,) = engine.submit(Extend("long", "ns", None, prompt(120), SamplingParams()))
+    assert isinstance(failure, Failed) and failure.error_type == "request_too_long"
+    assert "120" in failure.message and "100" in failure.message
+    assert not engine.has_work
+    done, _ = _run(engine, Extend("r", "ns", None, prompt(90), SamplingParams(max_tokens=50,
+                                                                              ignore_eos=True)))
+    assert done.finish_reason == "length" and done.output_len == 10
+    model_len = tiny.model.config.max_position_embeddings
+    with pytest.raises(InvalidRequest, match=str(model_len)):
+        make_engine(tiny, max_context=model_len + 1)
