@@ -12,6 +12,7 @@ import torch
 
 from engine.engine import Engine, EngineConfig
 from engine.errors import EngineError
+from engine.kv_pool import DEFAULT_SWA_RATIO
 from engine.models.loader import LoadedModel, default_dtype, load_model
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.reference import GenerationStats, reference_stream
@@ -50,6 +51,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="where --kv-disk writes (default: <state dir>/kv under `serve`, "
                              "./radixgate-kv for `engine`)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--no-swa-memory", action="store_true",
+                        help="keep full-length KV for sliding-window layers (the reference); "
+                             "by default they hold only the window, given back as it moves")
+    parser.add_argument("--swa-kv-ratio", type=float, default=DEFAULT_SWA_RATIO, metavar="R",
+                        help="sliding-window layers' pages per full-attention page "
+                             f"(default {DEFAULT_SWA_RATIO})")
     parser.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                         help="longest sequence served, prompt plus output (default: the "
                              "model's context length); a longer prompt is refused (400)")
@@ -92,7 +99,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=not args.no_cuda_graphs,
                         host_kv_memory_bytes=args.host_kv_memory * MIB,
                         kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB,
-                        max_context=args.max_context)
+                        max_context=args.max_context, swa_memory=not args.no_swa_memory,
+                        swa_ratio=args.swa_kv_ratio)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

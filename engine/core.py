@@ -47,6 +47,9 @@ class Request:
     grammar: TokenGrammar | None = None  # masks each sampled token; advanced with the output
     output_ids: list[int] = field(default_factory=list)
     page_ids: list[int] = field(default_factory=list)
+    # Sliding-window layers' pages, parallel to page_ids (-1 where given back: out of every
+    # query's window); empty when the engine manages no sliding-window memory.
+    swa_page_ids: list[int] = field(default_factory=list)
     cached_len: int = 0
     first_cached_len: int | None = None  # cached_len at the first admission (what usage reports)
     num_computed: int = 0

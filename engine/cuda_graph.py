@@ -215,7 +215,7 @@ def make_static_decode(model: Model, pool: KVPool, backend_name: str, max_runnin
                        cuda_graphs: bool) -> StaticDecode | None:
     """The engine's CUDA-graph decode path, or None where it does not apply: on the CPU, with
     graphs turned off, without triton, or under a torch backend (kept as the plain fallback)."""
-    if model.device.type != "cuda" or not cuda_graphs:
+    if model.device.type != "cuda" or not cuda_graphs or pool.layout.has_swa:
         return None
     if backend_name not in GRAPH_BACKENDS or importlib.util.find_spec("triton") is None:
         logger.info("CUDA graphs off: attention backend %s (graphs need triton and one of %s)",

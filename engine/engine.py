@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from engine.attention.registry import backend_for
+from engine.cache.base import SlidingWindow
 from engine.cache.disk_tier import DiskTier
 from engine.cache.factory import build_cache
 from engine.cache.page_pool import PagePool
@@ -22,6 +22,7 @@ from engine.constrained.spec import ToolConstraint
 from engine.constrained.xgrammar_backend import XGrammarBackend, XGrammarState
 from engine.core import Request
 from engine.cuda_graph import make_static_decode
+from engine.engine_config import EngineConfig, swa_memory_applies
 from engine.engine_stats import engine_stats
 from engine.errors import EngineError, InvalidRequest, UnknownParent
 from engine.kv_pool import KVPool, plan_kv_layout
@@ -35,26 +36,7 @@ from engine.spec.factory import make_speculator
 from engine.spec.speculator import Speculator, Verified
 from engine.stopping import TextStopper
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    page_size: int = 16
-    kv_memory_bytes: int = 1 << 30
-    max_running: int = 32
-    max_batch_tokens: int = 1024  # tokens per step: decodes plus prefill chunks
-    enable_prefix_cache: bool = True
-    attention_backend: str = "auto"  # engine.attention.registry.backend_for
-    spec: str = "suffix"  # speculative drafting: "suffix" (trajectory), "draft:<gguf path>", "none"
-    max_draft_len: int = 8
-    draft_backoff: int = 16  # skip drafting up to this many steps after misses (0: never skip)
-    check_invariants: bool = False  # run every structure's check_invariants() after each step
-    device: str = "cpu"  # "cuda"/"cuda:N": weights (in their loaded dtype), KV pool and forward
-    cuda_graphs: bool = True  # replay decode steps as CUDA graphs (engine.cuda_graph); CUDA only
-    host_kv_memory_bytes: int = 0  # a host KV tier that evicted pages spill into (0: none)
-    kv_dir: str | None = None  # pinned heads' KV is written here (engine.cache.disk_tier)
-    kv_disk_bytes: int = 0  # bound on kv_dir (0: no disk tier)
-    # Longest sequence (prompt + output) served; None: the model's own context length.
-    max_context: int | None = None
+__all__ = ["Engine", "EngineConfig"]  # EngineConfig lives in engine.engine_config
 
 
 class Engine:
@@ -66,20 +48,23 @@ class Engine:
         model = self.loaded.model
         self.context_len = context_len(model.config.max_position_embeddings,
                                        self.config.max_context)
-        layout = plan_kv_layout(model.config, self.config.kv_memory_bytes, self.config.page_size,
-                                model.kv_dtype)
+        c = self.config
+        layout = plan_kv_layout(model.config, c.kv_memory_bytes, c.page_size, model.kv_dtype,
+                                swa_ratio=c.swa_ratio if swa_memory_applies(c, model) else None,
+                                chunk_tokens=c.max_batch_tokens)
         self.kv_pool = KVPool(model.config, layout, model.kv_dtype, device=model.device)
         self.page_pool = PagePool(layout.num_pages)
-        c = self.config
+        self.swa = (SlidingWindow(PagePool(layout.num_swa_pages), model.config.sliding_window)
+                    if layout.has_swa and model.config.sliding_window else None)
         self.cache, self.tiers = build_cache(
             self.page_pool, self.kv_pool, enable_prefix_cache=c.enable_prefix_cache,
             host_kv_memory_bytes=c.host_kv_memory_bytes, kv_dir=c.kv_dir,
             kv_disk_bytes=c.kv_disk_bytes, clock=clock, fingerprint=DiskTier.fingerprint(
-                self.loaded.name, self.loaded.tokenizer.vocab_hash, self.kv_pool))
+                self.loaded.name, self.loaded.tokenizer.vocab_hash, self.kv_pool), swa=self.swa)
         self.scheduler = Scheduler(self.cache, self.page_pool, layout.page_size,
                                    max_running=self.config.max_running,
                                    max_batch_tokens=self.config.max_batch_tokens, clock=clock,
-                                   tiers=self.tiers.all)
+                                   tiers=self.tiers.all, swa=self.swa)
         backend = backend_for(self.config.attention_backend, model.attention_specs)
         self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
             model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
@@ -151,6 +136,8 @@ class Engine:
             now = self.clock()
             for verified in verified_rows:
                 out.extend(self._accept_verified(verified, now))
+        # Positions advanced: sliding-window pages that left every window go back.
+        self.scheduler.trim_windows()
         if self.config.check_invariants:
             self.check_invariants()
         return out

@@ -13,12 +13,25 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.attention.base import PagedAttentionBackend, PagedBatch
+from engine.attention.spec import AttentionSpec
 from engine.kv_pool import KVPool
-from engine.models.base import Model
+from engine.models.base import AttentionFn, Model
 from engine.scheduler.scheduler import ScheduledItem
 
 if TYPE_CHECKING:
     from engine.cuda_graph import StaticDecode
+
+
+class LayerGroups:
+    """An `AttentionFn` over a pool with a sliding-window page group: sliding layers attend
+    through the backend built on the sliding pages' batch, the others through the full one."""
+
+    def __init__(self, full: AttentionFn, sliding: AttentionFn) -> None:
+        self.full, self.sliding = full, sliding
+
+    def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        return (self.sliding if spec.window is not None else self.full)(spec, q, k, v)
 
 
 class ModelRunner:
@@ -31,9 +44,13 @@ class ModelRunner:
         self.page_size = pool.layout.page_size
         self.device = model.device
         self.static_decode = static_decode  # decode batches it accepts bypass `backend`
+        # Sliding layers keep their own pages (the pool's second group): their rows are stored
+        # and read through each request's sliding-window page table.
+        self.has_swa = pool.layout.has_swa
 
     def build_batch(self, items: Sequence[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor,
                                                                      PagedBatch]:
+        """The batch's ids, positions and full-group batch (`sliding_batch` gives the other)."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -57,6 +74,20 @@ class ModelRunner:
         return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device), batch)
 
+    def sliding_batch(self, items: Sequence[ScheduledItem], batch: PagedBatch) -> PagedBatch:
+        """`batch` in the sliding group's pages: each request's sliding-window page table (-1
+        where given back, all before the window its rows read) and slots."""
+        ps = self.page_size
+        slots: list[int] = []
+        tables = []
+        for item in items:
+            pages = item.request.swa_page_ids
+            end = item.start + item.num_tokens
+            slots.extend(pages[p // ps] * ps + p % ps for p in range(item.start, end))
+            tables.append(torch.tensor(pages[: -(-end // ps)], dtype=torch.long))
+        return PagedBatch(batch.extend_lens, batch.context_lens,
+                          torch.tensor(slots, dtype=torch.long, device=self.device), tables)
+
     def run(self, items: Sequence[ScheduledItem]) -> torch.Tensor:
         """Forward every scheduled token; returns fp32 CPU logits for the items whose rows complete
         their sequence, in item order: one row each, or 1 + num_draft rows for drafted items."""
@@ -64,7 +95,11 @@ class ModelRunner:
         if self.static_decode is not None and self.static_decode.accepts(batch):
             hidden = self.static_decode.forward(input_ids, positions, batch)
         else:
-            hidden = self.model.forward(input_ids, positions, self.backend(self.pool, batch))
+            attention: AttentionFn = self.backend(self.pool, batch)
+            if self.has_swa:
+                attention = LayerGroups(attention, self.backend(
+                    self.pool, self.sliding_batch(items, batch)))
+            hidden = self.model.forward(input_ids, positions, attention)
         rows: list[int] = []
         offset = 0
         for item in items:

@@ -80,6 +80,9 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
         argv += ["--model", args.model]
     if args.max_context:
         argv += ["--max-context", str(args.max_context)]
+    if args.no_swa_memory:
+        argv.append("--no-swa-memory")
+    argv += ["--swa-kv-ratio", str(args.swa_kv_ratio)]
     if args.kv_disk:  # the workers of one state dir share it (files are named by content)
         argv += ["--kv-dir", str(args.kv_dir or _settings(args).state_dir / "kv")]
     if args.threads:

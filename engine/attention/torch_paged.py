@@ -111,24 +111,11 @@ class TorchPagedAttention:
                 self.decode_valid[row, : batch.context_lens[i]] = True
             self.decode_slots = padded
             self.decode_rows = torch.tensor([self.row_starts[i] for i in decodes])
-        self._windowed_valid: dict[int, torch.Tensor] = {}
 
     @classmethod
     def unsupported(cls, spec: AttentionSpec) -> list[str]:
         """Nothing: features the fast paths lack (softcap) run the reference math."""
         return []
-
-    def _decode_valid(self, window: int | None) -> torch.Tensor:
-        """The batched decodes' valid positions, within `window` of each row's position."""
-        if window is None:
-            return self.decode_valid
-        cached = self._windowed_valid.get(window)
-        if cached is None:
-            ends = torch.tensor([self.batch.context_lens[i] for i in sorted(self.decode_items)])
-            positions = torch.arange(self.decode_valid.shape[1]).unsqueeze(0)
-            cached = self.decode_valid & (positions >= (ends - window).unsqueeze(1))
-            self._windowed_valid[window] = cached
-        return cached
 
     def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
@@ -140,7 +127,9 @@ class TorchPagedAttention:
         flat_k[self.batch.slot_mapping] = k
         flat_v[self.batch.slot_mapping] = v
         reference = not spec.features <= FLASH_FEATURES  # softcap: the reference math only
-        batched = frozenset() if reference else self.decode_items
+        # A window's decodes go one by one over their window's slots: the batched gather reads
+        # whole contexts, and a sliding group's pages before the window may be given back.
+        batched = frozenset() if reference or spec.window is not None else self.decode_items
         outs = []
         for i, slots in enumerate(self.gather_slots):
             if i in batched:
@@ -162,8 +151,7 @@ class TorchPagedAttention:
             return joined.to(out_dtype)
         out = torch.empty_like(q)
         out[self.decode_rows] = gathered_decode_attention(
-            q[self.decode_rows], flat_k, flat_v, self.decode_slots,
-            self._decode_valid(spec.window), spec)
+            q[self.decode_rows], flat_k, flat_v, self.decode_slots, self.decode_valid, spec)
         for i, part in outs:
             out[self.row_starts[i] : self.row_starts[i + 1]] = part
         return out.to(out_dtype)

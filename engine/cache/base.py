@@ -13,6 +13,7 @@ so they cannot be evicted meanwhile).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from engine.cache.page_pool import PagePool
@@ -36,6 +37,22 @@ class MatchResult(NamedTuple):
     node: CacheNode  # end of the matched path (the namespace root when nothing matched)
     page_ids: list[int]  # one per cached page of the prefix, in order; owned by the cache
     cached_len: int  # len(page_ids) * page_size tokens
+    # The sliding-window layers' pages of the prefix (NO_PAGE where given back), parallel to
+    # page_ids; empty when the cache manages no sliding-window memory.
+    swa_page_ids: list[int] = []
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """The sliding-window layers' page pool and window, for a cache and a scheduler that give
+    those layers' pages back once no query can see them."""
+
+    pool: PagePool
+    window: int  # tokens: a query at position p sees keys at p - window < j <= p
+
+    def first_needed_page(self, next_pos: int, page_size: int) -> int:
+        """The first page a query at `next_pos` (or later) can read."""
+        return max(0, next_pos - self.window + 1) // page_size
 
 
 class InsertResult(NamedTuple):
@@ -78,7 +95,9 @@ class PrefixCache(Protocol):
         ...
 
     def match_prefix(self, namespace: str, token_ids: Sequence[int]) -> MatchResult:
-        """Longest cached prefix of `token_ids` in whole pages.
+        """Longest cached prefix of `token_ids` in whole pages. With sliding-window memory, the
+        longest one whose last window of sliding-layer pages is still held (a query right after
+        it reads only that window): a prefix past a given-back window is not a hit.
 
         Mutates only structure and recency: may split a node at the match boundary (existing
         handles keep their meaning) and marks the path as recently used. Changes no ref counts
@@ -92,13 +111,17 @@ class PrefixCache(Protocol):
         ...
 
     def insert(
-        self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int]
+        self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int],
+        swa_page_ids: Sequence[int] | None = None,
     ) -> InsertResult:
-        """Cache the full pages of `token_ids`, whose KV is in `page_ids` (one per full page).
+        """Cache the full pages of `token_ids`, whose KV is in `page_ids` (one per full page)
+        and, with sliding-window memory, `swa_page_ids` (parallel; NO_PAGE where the caller gave
+        a page back).
 
         Pages of the path the cache did not hold are adopted: the cache increfs the caller's
-        page. Pages already cached are left alone, so the caller's duplicates are freed when it
-        decrefs its own pages. Raises ValueError if `len(page_ids) != len(token_ids) // page_size`.
+        page; so are sliding-window pages where the cached path had given its own back. Pages
+        already cached are left alone, so the caller's duplicates are freed when it decrefs its
+        own pages. Raises ValueError if `len(page_ids) != len(token_ids) // page_size`.
         """
         ...
 
@@ -117,6 +140,13 @@ class PrefixCache(Protocol):
         Returns the number of pages dropped (may exceed `num_pages`: whole nodes go). A dropped
         page returns to the pool only if no request holds it. `evict(0)` does nothing.
         """
+        ...
+
+    def evict_swa(self, num_pages: int) -> int:
+        """Give back at least `num_pages` sliding-window pages if possible: those of inner nodes
+        first (least recently used first, pinned last), then whole leaves. Only pages no request
+        holds count; a prefix that loses its last window stops matching (`match_prefix`).
+        Returns the number of sliding-window pages freed. 0 without sliding-window memory."""
         ...
 
     def bind_turn(self, turn_id: str, node: CacheNode, tail_token_ids: Sequence[int]) -> None:

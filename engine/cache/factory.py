@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.cache.base import PrefixCache
+from engine.cache.base import PrefixCache, SlidingWindow
 from engine.cache.disk_tier import DiskTier
 from engine.cache.host_tier import HostTier, KVTier
 from engine.cache.no_cache import NoPrefixCache
@@ -39,18 +39,22 @@ class CacheTiers:
 
 def build_cache(page_pool: PagePool, kv_pool: KVPool, *, enable_prefix_cache: bool,
                 host_kv_memory_bytes: int, kv_dir: str | None, kv_disk_bytes: int,
-                fingerprint: str, clock: Callable[[], float]
+                fingerprint: str, clock: Callable[[], float], swa: SlidingWindow | None = None
                 ) -> tuple[PrefixCache, CacheTiers]:
     """A radix cache (a null one when disabled) and, with the prefix cache on, a host tier of
     `host_kv_memory_bytes` (when > 0) and a disk tier of `kv_disk_bytes` under `kv_dir` (when
-    given and > 0; `fingerprint` names the model's subdirectory)."""
+    given and > 0; `fingerprint` names the model's subdirectory). `swa`: the sliding-window
+    layers' page group, which the radix cache then tracks too (no tiers with it)."""
+    if swa is not None and (host_kv_memory_bytes or kv_disk_bytes):
+        raise ValueError("the host and disk tiers move whole pages: not with sliding-window "
+                         "memory")
     layout = kv_pool.layout
     if not enable_prefix_cache:
         return NoPrefixCache(page_pool, layout.page_size), CacheTiers()
-    num_host_pages = host_kv_memory_bytes // layout.bytes_per_page
+    num_host_pages = host_kv_memory_bytes // layout.bytes_per_page if host_kv_memory_bytes else 0
     host = HostTier(kv_pool, num_host_pages) if num_host_pages > 0 else None
     disk = (DiskTier(kv_pool, Path(kv_dir), fingerprint, kv_disk_bytes)
             if kv_dir and kv_disk_bytes > 0 else None)
     cache = RadixCache(page_pool, layout.page_size, clock=clock,
-                       on_evict=host.save_node if host is not None else None)
+                       on_evict=host.save_node if host is not None else None, swa=swa)
     return cache, CacheTiers(host, disk)

@@ -62,7 +62,8 @@ class NoPrefixCache:
         return 0
 
     def insert(
-        self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int]
+        self, namespace: str, token_ids: Sequence[int], page_ids: Sequence[int],
+        swa_page_ids: Sequence[int] | None = None,
     ) -> InsertResult:
         num_pages = len(token_ids) // self._page_size
         if len(page_ids) != num_pages:
@@ -76,6 +77,9 @@ class NoPrefixCache:
         pass
 
     def evict(self, num_pages: int) -> int:
+        return 0
+
+    def evict_swa(self, num_pages: int) -> int:
         return 0
 
     def bind_turn(self, turn_id: str, node: CacheNode, tail_token_ids: Sequence[int]) -> None:

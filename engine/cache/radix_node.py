@@ -25,6 +25,12 @@ class RadixNode:
     num_direct_locks: int = 0
     turn_ids: set[str] = field(default_factory=set)  # turns bound to this node
     is_removed: bool = False  # evicted: a stale handle must not be locked or bound
+    # Sliding-window layers' pages, one per page of token_ids, NO_PAGE where given back (a
+    # tombstone); None when the cache manages no sliding-window memory.
+    swa_page_ids: list[int] | None = None
+
+
+NO_PAGE = -1  # a sliding-window page given back: its KV is gone
 
 
 def path_token_ids(node: RadixNode) -> list[int]:
@@ -35,6 +41,16 @@ def path_token_ids(node: RadixNode) -> list[int]:
         runs.append(walk.token_ids)
         walk = walk.parent
     return [t for run in reversed(runs) for t in run]
+
+
+def path_nodes(node: RadixNode) -> list[RadixNode]:
+    """The non-root nodes root..node, in path order."""
+    nodes: list[RadixNode] = []
+    walk: RadixNode | None = node
+    while walk is not None and walk.parent is not None:
+        nodes.append(walk)
+        walk = walk.parent
+    return nodes[::-1]
 
 
 def path_page_ids(node: RadixNode) -> list[int]:

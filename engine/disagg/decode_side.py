@@ -26,6 +26,7 @@ from engine.disagg.inbox import InboxTier
 from engine.disagg.pair import DECODE_RANK, Pair, PayloadSpec, Receiver, open_group
 from engine.disagg.prefill_side import kv_fingerprint
 from engine.engine import Engine
+from engine.errors import InvalidRequest
 from engine.protocol import Abort, Extend, KvAccept, KvConnect, Message, PrefillFor, decode, encode
 from engine.worker import Origin, Send
 
@@ -70,6 +71,9 @@ class KvPuller:
                  group_timeout_s: float = 300.0) -> None:
         """`host`: this worker's address as the prefill peers reach it (the gloo socket)."""
         self.engine = engine
+        if engine.swa is not None:
+            raise InvalidRequest("disaggregated prefill moves whole pages of every layer; run "
+                                 "a sliding-window model with --no-swa-memory for it")
         self.host = host
         self.min_tokens = min_tokens
         self.deadline_s = deadline_s

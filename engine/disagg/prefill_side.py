@@ -21,6 +21,7 @@ from torch._C import _distributed_c10d as c10d
 from engine.cache.disk_tier import DiskTier
 from engine.disagg.pair import PREFILL_RANK, Pair, Sender, open_group
 from engine.engine import Engine
+from engine.errors import InvalidRequest
 from engine.protocol import (
     Extend,
     Failed,
@@ -61,6 +62,9 @@ class KvServer:
 
     def __init__(self, engine: Engine, host: str, group_timeout_s: float = 300.0) -> None:
         self.engine = engine
+        if engine.swa is not None:
+            raise InvalidRequest("disaggregated prefill moves whole pages of every layer; run "
+                                 "a sliding-window model with --no-swa-memory for it")
         self.host = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "") \
             else host
         self.group_timeout_s = group_timeout_s

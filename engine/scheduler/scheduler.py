@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.cache.base import PrefixCache
+from engine.cache.base import PrefixCache, SlidingWindow
 from engine.cache.host_tier import KVTier, restore
 from engine.cache.page_pool import PagePool
 from engine.core import Phase, Request
@@ -33,7 +33,9 @@ class ScheduledItem:
 class Scheduler:
     def __init__(self, cache: PrefixCache, pool: PagePool, page_size: int, *, max_running: int,
                  max_batch_tokens: int, clock: Callable[[], float],
-                 tiers: Sequence[KVTier] = ()) -> None:
+                 tiers: Sequence[KVTier] = (), swa: SlidingWindow | None = None) -> None:
+        """`swa`: the sliding-window layers have their own page pool; a request holds their
+        pages only for the last window (given back as it moves, `trim_windows`)."""
         self.cache = cache
         self.tiers = list(tiers)  # where pages missing from the cache are restored from
         self.pool = pool
@@ -41,6 +43,7 @@ class Scheduler:
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.clock = clock
+        self.swa = swa
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: oldest first
         self.prefix_query_tokens = 0
@@ -75,7 +78,8 @@ class Scheduler:
         computed = request.all_ids[: request.num_computed]
         num_full = len(computed) // self.page_size
         inserted = self.cache.insert(request.namespace, computed[: num_full * self.page_size],
-                                     request.page_ids[:num_full])
+                                     request.page_ids[:num_full],
+                                     request.swa_page_ids[:num_full] if self.swa else None)
         if request.bind_turn_id is not None:
             tail = request.all_ids[num_full * self.page_size :]
             if request.stop_token_id is not None:
@@ -121,16 +125,51 @@ class Scheduler:
                 item.request.first_scheduled_s = now
         return items
 
+    def trim_windows(self) -> int:
+        """Give back every running request's sliding-window pages that no query of it can read
+        any more (wholly before its next position's window), except the window before its
+        prompt's end: a retry or fork of this turn's output resumes there. Returns the number
+        given back."""
+        if self.swa is None:
+            return 0
+        dropped = 0
+        ps = self.page_size
+        for req in self.running:
+            keep_from = self.swa.first_needed_page(req.num_computed, ps)
+            prompt_end = (len(req.prompt_ids) - 1) // ps  # where a resample's match ends
+            kept = range(self.swa.first_needed_page(prompt_end * ps, ps), prompt_end)
+            gone = [i for i in range(min(keep_from, len(req.swa_page_ids)))
+                    if req.swa_page_ids[i] >= 0 and i not in kept]
+            if gone:
+                self.swa.pool.decref([req.swa_page_ids[i] for i in gone])
+                for i in gone:
+                    req.swa_page_ids[i] = -1
+                dropped += len(gone)
+        return dropped
+
     def check_invariants(self) -> None:
         owned: dict[int, int] = {}
+        swa_owned: dict[int, int] = {}
         for req in self.running:
             assert req.phase is Phase.RUNNING, f"{req.request_id} in running with {req.phase}"
             need = -(-req.num_computed // self.page_size)
             assert len(req.page_ids) >= need, f"{req.request_id} lacks pages for its KV"
             for page_id in req.page_ids:
                 owned[page_id] = owned.get(page_id, 0) + 1
+            if self.swa is not None:
+                assert len(req.swa_page_ids) == len(req.page_ids), f"{req.request_id}: swa pages"
+                window = self.swa.first_needed_page(req.num_computed, self.page_size)
+                for i, page_id in enumerate(req.swa_page_ids):
+                    assert page_id >= 0 or i < window, f"{req.request_id}: window page {i} gone"
+                    if page_id >= 0:
+                        swa_owned[page_id] = swa_owned.get(page_id, 0) + 1
+        if self.swa is not None:
+            for page_id, count in swa_owned.items():
+                assert self.swa.pool.ref_count(page_id) >= count, f"swa page {page_id} under-held"
+            self.swa.pool.check_invariants()
         for req in self.waiting:
             assert not req.page_ids and req.lock_node is None, f"waiting {req.request_id} holds KV"
+            assert not req.swa_page_ids, f"waiting {req.request_id} holds sliding-window KV"
         for page_id, count in owned.items():
             assert self.pool.ref_count(page_id) >= count, f"page {page_id} under-referenced"
         self.pool.check_invariants()
@@ -142,20 +181,25 @@ class Scheduler:
 
     def _admit(self, req: Request) -> bool:
         """Match the cached prefix and take references on it. False if it cannot start now."""
-        for tier in self.tiers:
-            restore(tier, self.cache, self.pool, req.namespace, req.all_ids,
-                    (req.seq_len - 1) // self.page_size)
-        match = self.cache.match_prefix(req.namespace, req.all_ids)
         # At least one token must run through the model to produce the next token's logits.
-        num_pages = min(len(match.page_ids), (req.seq_len - 1) // self.page_size)
+        limit = (req.seq_len - 1) // self.page_size
+        for tier in self.tiers:
+            restore(tier, self.cache, self.pool, req.namespace, req.all_ids, limit)
+        # Matched up to the limit, so that (with sliding-window memory) the window the first
+        # computed row reads is checked at the point it is read from.
+        match = self.cache.match_prefix(req.namespace, req.all_ids[: limit * self.page_size])
+        num_pages = len(match.page_ids)
         need = -(-(req.seq_len - num_pages * self.page_size) // self.page_size)
         if need > self.pool.num_free_pages + self.cache.num_evictable_pages:
             return False
-        page_ids = match.page_ids[:num_pages]
+        page_ids = match.page_ids
         self.pool.incref(page_ids)
         self.cache.lock(match.node)
         req.lock_node = match.node
         req.page_ids = list(page_ids)
+        if self.swa is not None:
+            req.swa_page_ids = list(match.swa_page_ids)
+            self.swa.pool.incref([p for p in req.swa_page_ids if p >= 0])
         req.cached_len = req.num_computed = num_pages * self.page_size
         if req.first_cached_len is None:
             req.first_cached_len = req.cached_len
@@ -171,9 +215,17 @@ class Scheduler:
         short = need - self.pool.num_free_pages
         if short > 0 and evict:
             self.cache.evict(short)
+        if self.swa is not None:
+            swa_short = need - self.swa.pool.num_free_pages
+            if swa_short > 0 and evict:
+                self.cache.evict_swa(swa_short)
+            if self.swa.pool.num_free_pages < need:
+                return False
         if self.pool.num_free_pages < need:
             return False
         req.page_ids.extend(self.pool.alloc(need))
+        if self.swa is not None:
+            req.swa_page_ids.extend(self.swa.pool.alloc(need))
         return True
 
     def _reserve_or_preempt(self, req: Request, target_len: int,
@@ -198,6 +250,9 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         if req.page_ids:
             self.pool.decref(req.page_ids)
+        if self.swa is not None and req.swa_page_ids:
+            self.swa.pool.decref([p for p in req.swa_page_ids if p >= 0])
+        req.swa_page_ids = []
         if req.lock_node is not None:
             self.cache.unlock(req.lock_node)
         req.page_ids = []

@@ -108,16 +108,29 @@ def test_paged_forward_matches_transformers(gemma: LoadedModel, hf: torch.nn.Mod
 
 
 def test_engine_greedy_equals_transformers(gemma: LoadedModel, hf: torch.nn.Module) -> None:
+    """Two agent turns (the second resends the first with its output and more), with the
+    sliding layers' KV kept only for the window (the default) and in full: the same tokens as
+    transformers, and the second turn hits the first turn's cached path."""
     first, second = _prompts(gemma)
-    engine = Engine(gemma, EngineConfig(max_batch_tokens=256, kv_memory_bytes=64 << 20,
-                                        check_invariants=True))
-    for i, ids in enumerate([first, second]):
-        engine.submit(Extend(f"r{i}", "t", None, ids, SamplingParams(max_tokens=24,
-                                                                      ignore_eos=True)))
-        (done,) = [m for m in engine.run_until_idle() if isinstance(m, Finished)]
-        assert done.cached_len >= (SHARED if i else 0)
+    tail = second[SHARED:]
+    outputs = []
+    for swa_memory in (True, False):
+        engine = Engine(gemma, EngineConfig(max_batch_tokens=256, kv_memory_bytes=64 << 20,
+                                            check_invariants=True, swa_memory=swa_memory))
+        assert (engine.swa is not None) == swa_memory
+        prompt, got = first, []
+        for i in range(2):
+            engine.submit(Extend(f"r{i}", "t", None, prompt,
+                                 SamplingParams(max_tokens=24, ignore_eos=True)))
+            (done,) = [m for m in engine.run_until_idle() if isinstance(m, Finished)]
+            assert done.cached_len >= (len(first) if i else 0)
+            got.append((prompt, done.output_token_ids))
+            prompt = [*first, *done.output_token_ids, *tail]
+        engine.check_invariants()
+        outputs.append(got)
+    assert outputs[0] == outputs[1]
+    for prompt, output in outputs[0]:
         with torch.no_grad():
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                               eos_token_id=None, pad_token_id=0)
-        assert done.output_token_ids == out[0, len(ids):].tolist()
-    engine.check_invariants()
+        assert output == out[0, len(prompt):].tolist()

@@ -80,11 +80,13 @@ def backends() -> list[str]:
     return ["torch", "torch_sdpa"] + (["cpu"] if kernel() is not None else [])
 
 
-def engine_greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[Finished]:
-    """32 greedy tokens per prompt, one after the other (so the second finds the first's
-    prefix), prefills chunked at 16 tokens a step."""
+def engine_greedy(loaded: LoadedModel, prompts: list[list[int]], *,
+                  swa_memory: bool = True) -> list[Finished]:
+    """32 greedy tokens per prompt, one after the other (so a later prompt finds an earlier
+    one's prefix), prefills chunked at 16 tokens a step."""
     engine = Engine(loaded, EngineConfig(page_size=PAGE_SIZE, max_batch_tokens=16,
-                                         kv_memory_bytes=16 << 20, check_invariants=True))
+                                         kv_memory_bytes=16 << 20, check_invariants=True,
+                                         swa_memory=swa_memory))
     results = []
     for i, ids in enumerate(prompts):
         engine.submit(Extend(f"r{i}", "t", None, ids, SamplingParams(max_tokens=32,
@@ -93,6 +95,26 @@ def engine_greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[Finishe
         results.append(done)
     engine.check_invariants()
     return results
+
+
+def engine_turns(loaded: LoadedModel, first: list[int], tail: list[int], *,
+                 swa_memory: bool = True) -> tuple[list[Finished], list[int]]:
+    """Two agent turns: `first`, then `first` + its output + `tail` (whose prefix hit reaches
+    past the first turn's window). Returns both results and the second prompt."""
+    engine = Engine(loaded, EngineConfig(page_size=PAGE_SIZE, max_batch_tokens=16,
+                                         kv_memory_bytes=16 << 20, check_invariants=True,
+                                         swa_memory=swa_memory))
+    results: list[Finished] = []
+    prompt = first
+    for i in range(2):
+        engine.submit(Extend(f"r{i}", "t", None, prompt, SamplingParams(max_tokens=32,
+                                                                         ignore_eos=True)))
+        (done,) = [m for m in engine.run_until_idle() if isinstance(m, Finished)]
+        results.append(done)
+        if i == 0:
+            prompt = [*first, *done.output_token_ids, *tail]
+    engine.check_invariants()
+    return results, prompt
 
 
 def hf_generate(hf: torch.nn.Module, ids: list[int], max_new_tokens: int = 32) -> list[int]:
