@@ -50,9 +50,12 @@ def test_available_peers_skips_a_peer_that_fails_to_load(
     def broken(*args: object, **kwargs: object) -> Peer:
         raise RuntimeError("corrupt model")
 
-    monkeypatch.setattr(registry, "load_factory", lambda spec: broken)
-    assert available_peers("/nonexistent.gguf") == []
+    monkeypatch.setattr(registry, "load_factory", lambda spec, skipped: broken)
+    skipped: list[str] = []
+    assert available_peers("/nonexistent.gguf", skipped=skipped) == []
     assert "corrupt model" in capsys.readouterr().err
+    assert len(skipped) == len(registry.PEER_SPECS)
+    assert all("corrupt model" in note for note in skipped)
 
 
 def test_timed_decode_rate_counts_tokens_after_the_first_callback() -> None:
