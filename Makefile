@@ -35,8 +35,9 @@ test: lint
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" --timeout=300
 
+# e.g. make run ARGS="--model gemma3-270m" (the 32k-context model)
 run: install
-	$(VENV)/bin/radixgate serve
+	$(VENV)/bin/radixgate serve $(ARGS)
 
 bench: install
 	$(PIP) install -q -e '.[server,dev,bench]' $(TORCH)

@@ -201,10 +201,11 @@ def engine_main(args: argparse.Namespace) -> int:
     try:
         loaded = _load(args)
         engine = Engine(loaded, engine_config_from_args(args))
+        hooks = disagg_hooks(engine, args)
     except EngineError as exc:
         print(f"radixgate engine: error: {exc}", file=sys.stderr)
         return 2
-    serve_engine(engine, args.host, args.port, disagg_hooks(engine, args))
+    serve_engine(engine, args.host, args.port, hooks)
     return 0
 
 

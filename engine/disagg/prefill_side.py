@@ -21,7 +21,6 @@ from torch._C import _distributed_c10d as c10d
 from engine.cache.disk_tier import DiskTier
 from engine.disagg.pair import PREFILL_RANK, Pair, Sender, open_group
 from engine.engine import Engine
-from engine.errors import InvalidRequest
 from engine.protocol import (
     Extend,
     Failed,
@@ -62,9 +61,6 @@ class KvServer:
 
     def __init__(self, engine: Engine, host: str, group_timeout_s: float = 300.0) -> None:
         self.engine = engine
-        if engine.swa is not None:
-            raise InvalidRequest("disaggregated prefill moves whole pages of every layer; run "
-                                 "a sliding-window model with --no-swa-memory for it")
         self.host = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "") \
             else host
         self.group_timeout_s = group_timeout_s
@@ -121,6 +117,10 @@ class KvServer:
     def _connect(self, message: KvConnect) -> KvAccept:
         if not self.engine.config.enable_prefix_cache:
             return KvAccept(message.decode_key, "", 0, "this worker runs with --no-prefix-cache")
+        if self.engine.swa is not None:
+            # Transfers move whole pages of every layer; the sliding group has other page ids.
+            return KvAccept(message.decode_key, "", 0, "this worker keeps sliding-window KV in "
+                            "its own pages (run it with --no-swa-memory to prefill for others)")
         if message.fingerprint != kv_fingerprint(self.engine):
             return KvAccept(message.decode_key, "", 0,
                             "another model, KV dtype or page size than this worker's")

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.disagg.decode_side import KvPuller
+from engine.disagg.prefill_side import KvServer, kv_fingerprint
 from engine.engine import Engine, EngineConfig
+from engine.errors import InvalidRequest
 from engine.models.loader import LoadedModel, load_model
-from engine.protocol import Extend, Finished
+from engine.protocol import Extend, Finished, KvAccept, KvConnect, Message
 from engine.sampling_params import SamplingParams
 from tests.tiny_hf import build_tiny
 
@@ -126,3 +129,17 @@ def test_tiers_and_the_reference_keep_full_length_kv(gemma: LoadedModel, tmp_pat
     engine = Engine(gemma, EngineConfig(page_size=PAGE, kv_memory_bytes=4 << 20,
                                         host_kv_memory_bytes=1 << 20))
     assert engine.swa is None and not engine.kv_pool.layout.has_swa
+
+
+def test_disaggregated_prefill_is_refused_by_name_not_by_a_crash(gemma: LoadedModel) -> None:
+    # Every worker runs a KV server (serve starts one per worker): with sliding-window memory
+    # it still starts, and refuses a decode worker's pairing with the reason.
+    engine = _engine(gemma, swa=True)
+    server = KvServer(engine, "127.0.0.1")
+    sent: list[Message] = []
+    assert server.intercept("decoder", KvConnect("k", kv_fingerprint(engine)),
+                            lambda _origin, message: sent.append(message)) == []
+    (accept,) = sent
+    assert isinstance(accept, KvAccept) and "--no-swa-memory" in accept.error
+    with pytest.raises(InvalidRequest, match="--no-swa-memory"):
+        KvPuller(engine, ["127.0.0.1:1"], host="127.0.0.1")

@@ -7,6 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.agents.claude_code_install import (
+    ClaudeCode,
+    RegistryUnreachable,
+    install_claude_code,
+)
 from tests.e2e.agents.live_serve import LiveServer
 
 
@@ -17,3 +22,11 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="package")
+def claude_code() -> ClaudeCode:
+    try:
+        return install_claude_code()
+    except RegistryUnreachable as exc:
+        pytest.skip(f"Claude Code cannot be installed: {exc}")

@@ -46,8 +46,10 @@ class AssistantTurn:
 
 
 class LiveServer:
-    def __init__(self, state_dir: Path) -> None:
-        self.process = ServeProcess.start(state_dir, "--threads", "1", kv_memory_mib=1024)
+    def __init__(self, state_dir: Path, *flags: str, kv_memory_mib: int = 1024) -> None:
+        """`flags`: more `serve` options (default: the embedded model on one thread)."""
+        self.process = ServeProcess.start(state_dir, *(flags or ("--threads", "1")),
+                                          kv_memory_mib=kv_memory_mib)
         self.url = self.process.url
         self.http = self.process.http
         self.model = str(self.http.get("/v1/models").json()["data"][0]["id"])

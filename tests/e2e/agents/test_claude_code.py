@@ -35,11 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agents.claude_code_install import (
-    ClaudeCode,
-    RegistryUnreachable,
-    install_claude_code,
-)
+from tests.e2e.agents.claude_code_install import ClaudeCode
 from tests.e2e.agents.live_serve import LiveServer, turn_table
 
 pytestmark = pytest.mark.slow
@@ -47,14 +43,6 @@ pytestmark = pytest.mark.slow
 SYSTEM_PROMPT = "You are a coding assistant. Be brief."
 PROMPTS = ["Read calc.py.", "In one word: what does add return?"]
 BUDGET_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def claude_code() -> ClaudeCode:
-    try:
-        return install_claude_code()
-    except RegistryUnreachable as exc:
-        pytest.skip(f"Claude Code cannot be installed: {exc}")
 
 
 def claude_env(claude_code: ClaudeCode, server: LiveServer, home: Path,
