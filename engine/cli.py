@@ -10,10 +10,12 @@ from collections.abc import Iterator
 
 import torch
 
+from engine import cpu_isa
 from engine.engine import Engine, EngineConfig
 from engine.errors import EngineError
 from engine.kv_pool import DEFAULT_SWA_RATIO
 from engine.models.loader import LoadedModel, default_dtype, load_model
+from engine.native import kernel_simd
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.reference import GenerationStats, reference_stream
 from engine.sampling_params import SamplingParams
@@ -133,8 +135,14 @@ def _load(args: argparse.Namespace) -> LoadedModel:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype
+    device = getattr(args, "device", "cpu")
     if dtype == "auto":
-        dtype = default_dtype(getattr(args, "device", "cpu"))
+        dtype = default_dtype(device)
+        if device == "cpu":
+            name, choice = cpu_isa.auto_dtype()
+            print(f"radixgate: CPU class {name}{cpu_isa.cap_note()}: --dtype auto runs "
+                  f"{choice.dtype} ({choice.why}); C kernels built for {kernel_simd()}",
+                  file=sys.stderr, flush=True)
     return load_model(args.model, dtype, packed=not args.no_packed_weights)
 
 

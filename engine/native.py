@@ -47,3 +47,20 @@ def check_buffer(t: torch.Tensor, what: str, dtypes: tuple[torch.dtype, ...],
         raise ValueError(f"{what} must be contiguous (strides {t.stride()})")
     if shape is not None and tuple(t.shape) != shape:
         raise ValueError(f"{what} must have shape {list(shape)}, got {list(t.shape)}")
+
+
+# The extensions whose SIMD path depends on how they were built, by what they compute.
+SIMD_EXTENSIONS = (("attention", "engine.attention._paged_cpu"),
+                   ("projections", "engine.models._qlinear_cpu"))
+
+
+def kernel_simd() -> str:
+    """Which SIMD path each built extension compiled, e.g. "attention avx512, projections
+    avx512" ("not built" for one that is missing)."""
+    parts = []
+    for what, module in SIMD_EXTENSIONS:
+        try:
+            parts.append(f"{what} {importlib.import_module(module).simd()}")
+        except ImportError:
+            parts.append(f"{what} not built")
+    return ", ".join(parts)

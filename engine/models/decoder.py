@@ -200,7 +200,7 @@ def _cast_linears(layer: LayerWeights, dtype: torch.dtype, pack: bool = False) -
     """`layer` with its dense projection weights (and q/k/v bias) in `dtype`, in oneDNN's layout
     when `pack` (on the CPU, where oneDNN is available); norms are not used. `layer` is a
     model's own dense layer, never a packed one."""
-    pack = pack and layer.attn_norm.device.type == "cpu" and onednn.available()
+    pack = pack and layer.attn_norm.device.type == "cpu" and onednn.packs(dtype)
 
     def cast(weight: Weight) -> Weight:
         if not isinstance(weight, torch.Tensor):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine import cpu_isa
 from engine.errors import InvalidRequest
 from engine.models import onednn, quant
 from engine.models.decoder import DecoderModel
@@ -53,12 +54,9 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The words of /proc/cpuinfo, which hold the CPU's feature flags; empty where it cannot be
-    read (not Linux)."""
-    try:
-        return frozenset(cpuinfo.read_text().split())
-    except OSError:
-        return frozenset()
+    """The CPU's feature flags, less those above `RADIXGATE_MAX_CPU_ISA` (`engine.cpu_isa`);
+    empty where they cannot be read (not Linux)."""
+    return cpu_isa.flags(cpuinfo)
 
 
 def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -74,7 +72,9 @@ def default_dtype(device: str, cpu_bf16: bool | None = None) -> str:
     KV keep greedy output near fp32's); fp32 on other CPUs."""
     if device.startswith("cuda"):
         return "bf16"
-    return MIXED if (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16) else "fp32"
+    if cpu_bf16 is None:
+        return cpu_isa.auto_dtype()[1].dtype
+    return MIXED if cpu_bf16 else "fp32"
 
 
 def place_model(loaded: LoadedModel, device: str) -> LoadedModel:

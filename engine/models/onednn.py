@@ -36,6 +36,22 @@ def available() -> bool:
         return False
 
 
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and multiplies `dtype` weights here: fp32 wherever it is
+    available; bf16 only where the CPU (or ONEDNN_MAX_CPU_ISA) has bf16 conversions
+    (AVX512BW/VL/DQ or AVX-NE-CONVERT), so not on an AVX2 CPU such as Zen 3. Probed once."""
+    if not available():
+        return False
+    if dtype == torch.float32:
+        return True
+    try:
+        OneDnnWeight.pack(torch.zeros(16, 16, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class OneDnnWeight:
     """W (n, k) fp32 or bf16 in oneDNN's layout; `shape` is the logical (n, k)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import cpu_isa
 from engine.attention.dense import DenseAttention
 from engine.engine import Engine, EngineConfig
 from engine.models.loader import LoadedModel, cpu_has_bf16, default_dtype, parse_dtype
@@ -61,7 +62,9 @@ def test_mixed_keeps_fp32_weights_and_its_kv_pool_dtype(tiny: LoadedModel, kv: b
     engine.check_invariants()
 
 
-def test_auto_dtype_picks_mixed_only_with_bf16_instructions(tmp_path: Path) -> None:
+def test_auto_dtype_picks_mixed_only_with_bf16_instructions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpu_isa.CAP_ENV, raising=False)  # the flags below, uncapped
     assert default_dtype("cuda:0") == "bf16"
     assert default_dtype("cpu", cpu_bf16=True) == "mixed"
     assert default_dtype("cpu", cpu_bf16=False) == "fp32"

@@ -484,7 +484,21 @@ static PyObject *paged_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The SIMD path this build compiled (it follows -march at build time). */
+static PyObject *simd(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#if defined(PA_AVX512)
+    return PyUnicode_FromString("avx512");
+#elif defined(PA_AVX2)
+    return PyUnicode_FromString("avx2");
+#else
+    return PyUnicode_FromString("scalar");
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"simd", simd, METH_NOARGS, "simd() -> the SIMD path this build compiled"},
     {"paged_attention", paged_attention, METH_VARARGS,
      "paged_attention(q, k, v, out, pages, page_starts, context_lens, row_starts, num_seqs, "
      "num_heads, num_kv_heads, head_dim, page_size, split_len, bf16, scale, num_threads, "
