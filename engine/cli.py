@@ -53,6 +53,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="where --kv-disk writes (default: <state dir>/kv under `serve`, "
                              "./radixgate-kv for `engine`)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="every forward on the decode path: a token's logits are the same "
+                             "bits whatever was cached, chunked, batched or drafted (slower "
+                             "prefill; CPU only)")
     parser.add_argument("--no-swa-memory", action="store_true",
                         help="keep full-length KV for sliding-window layers (the reference); "
                              "by default they hold only the window, given back as it moves")
@@ -102,7 +106,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         host_kv_memory_bytes=args.host_kv_memory * MIB,
                         kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB,
                         max_context=args.max_context, swa_memory=not args.no_swa_memory,
-                        swa_ratio=args.swa_kv_ratio)
+                        swa_ratio=args.swa_kv_ratio, deterministic=args.deterministic)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

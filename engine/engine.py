@@ -22,6 +22,7 @@ from engine.constrained.spec import ToolConstraint
 from engine.constrained.xgrammar_backend import XGrammarBackend, XGrammarState
 from engine.core import Request
 from engine.cuda_graph import make_static_decode
+from engine.deterministic import deterministic_setup
 from engine.engine_config import EngineConfig, swa_memory_applies
 from engine.engine_stats import engine_stats
 from engine.errors import EngineError, InvalidRequest, UnknownParent
@@ -44,6 +45,9 @@ class Engine:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or EngineConfig()
         self.loaded = place_model(loaded, self.config.device)
+        invariant_backend = None
+        if self.config.deterministic:
+            self.loaded, invariant_backend = deterministic_setup(self.loaded, self.config.device)
         self.clock = clock
         model = self.loaded.model
         self.context_len = context_len(model.config.max_position_embeddings,
@@ -65,7 +69,8 @@ class Engine:
                                    max_running=self.config.max_running,
                                    max_batch_tokens=self.config.max_batch_tokens, clock=clock,
                                    tiers=self.tiers.all, swa=self.swa)
-        backend = backend_for(self.config.attention_backend, model.attention_specs)
+        backend = invariant_backend or backend_for(self.config.attention_backend,
+                                                   model.attention_specs)
         self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
             model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
         self.num_finished = 0

@@ -35,6 +35,9 @@ class EngineConfig:
     # KV for them (the reference). Not with the host or disk tier, which move whole pages.
     swa_memory: bool = True
     swa_ratio: float = DEFAULT_SWA_RATIO  # sliding-layer pages per full-layer page
+    # Every forward on the decode path (engine.deterministic): a token's logits do not depend
+    # on the cache, the chunking, the batch or drafting. Slower prefill.
+    deterministic: bool = False
 
 
 def swa_memory_applies(config: EngineConfig, model: Model) -> bool:

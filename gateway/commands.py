@@ -93,6 +93,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
         argv.append("--no-cuda-graphs")
     if args.no_packed_weights:
         argv.append("--no-packed-weights")
+    if args.deterministic:
+        argv.append("--deterministic")
     return argv
 
 
