@@ -49,10 +49,7 @@ class RadixTree:
             child = node.children.get(tuple(token_ids[pos : pos + ps]))
             if child is None:
                 break
-            limit = min(len(child.token_ids), end - pos)
-            num_common = ps  # the key matched the first page
-            while num_common < limit and child.token_ids[num_common] == token_ids[pos + num_common]:
-                num_common += 1
+            num_common = self._common_len(child, token_ids, pos, end)
             pos += num_common // ps * ps
             node = child if num_common == len(child.token_ids) else None
         return pos
@@ -116,10 +113,7 @@ class RadixTree:
             child = node.children.get(tuple(token_ids[pos : pos + ps]))
             if child is None:
                 break
-            limit = min(len(child.token_ids), end - pos)
-            num_common = ps  # the key matched the first page
-            while num_common < limit and child.token_ids[num_common] == token_ids[pos + num_common]:
-                num_common += 1
+            num_common = self._common_len(child, token_ids, pos, end)
             is_partial = num_common < len(child.token_ids)
             if is_partial:
                 child = self._split(child, num_common // ps)
@@ -130,6 +124,16 @@ class RadixTree:
             if is_partial:
                 break
         return node, page_ids, swa_ids
+
+    def _common_len(self, child: RadixNode, token_ids: Sequence[int], pos: int,
+                    end: int) -> int:
+        """How many tokens of `child`'s run equal token_ids[pos:end] from their start; `child`
+        was found by its first page, so that page matches."""
+        limit = min(len(child.token_ids), end - pos)
+        num_common = self.page_size
+        while num_common < limit and child.token_ids[num_common] == token_ids[pos + num_common]:
+            num_common += 1
+        return num_common
 
     def _split(self, node: RadixNode, num_pages: int) -> RadixNode:
         """Cut `node` after `num_pages` pages; return the new upper part. The lower part keeps the
