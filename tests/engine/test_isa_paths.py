@@ -23,6 +23,7 @@ KERNEL_TESTS = (
     "tests/engine/models/test_onednn.py",
     "tests/engine/test_mixed_precision.py",
     "tests/e2e/test_packed_decode.py",
+    "tests/e2e/test_deterministic.py",
 )
 
 
