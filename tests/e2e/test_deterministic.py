@@ -1,8 +1,9 @@
 """`--deterministic` on the real model in the machine's default dtype: the logits of every
 generated token (its log-probability and the top 5) are the same bits whether the prefix came
 from the cache or was recomputed, however prefill was chunked, whatever else shared the step,
-and with drafting on or off. Turn 2's prompt holds turn 1's reply, whose KV the cached engine
-computed by decoding and the uncached one by prefill."""
+with drafting on or off, and when the prefix was evicted and restored from the host tier. Turn 2's
+prompt holds turn 1's reply, whose KV the cached engine computed by decoding and the uncached one
+by prefill."""
 
 from __future__ import annotations
 
@@ -44,18 +45,27 @@ def _collect(messages: list[object], rid: str) -> tuple[list[int], Logits]:
                                    if isinstance(m, TokenChunk)]
 
 
-def _session(model: LoadedModel, ids: list[int], *, neighbours: int = 0,
+def _session(model: LoadedModel, ids: list[int], *, neighbours: int = 0, evict: bool = False,
              **config: object) -> tuple[list[int], Logits]:
     """Turn 1 (420 tokens, 20 generated), then turn 2 = turn 1 + reply + 180 new tokens (20
-    generated), with `neighbours` unrelated requests running beside turn 2."""
+    generated), with `neighbours` unrelated requests running beside turn 2. `evict`: before
+    turn 2, two unrelated prompts push turn 1's KV out of the pool (into the host tier, if
+    the config has one)."""
     engine = Engine(model, EngineConfig(deterministic=True, check_invariants=True,
                                         **config))  # type: ignore[arg-type]
     first = _submit(engine, ids[:420], 20)
     reply, _ = _collect(engine.run_until_idle(), first)
+    if evict:
+        for start in (2000, 3000):
+            _submit(engine, ids[start : start + 900], 1)
+            engine.run_until_idle()
     for n in range(neighbours):
         _submit(engine, ids[1000 + 97 * n : 1000 + 97 * n + 50 + 31 * n], 12 + n)
     rid = _submit(engine, ids[:420] + reply + ids[420:600], 20)
-    return _collect(engine.run_until_idle(), rid)
+    result = _collect(engine.run_until_idle(), rid)
+    if evict and config.get("host_kv_memory_bytes"):
+        assert engine.stats().num_host_restored_pages > 0, "turn 2 restored nothing"
+    return result
 
 
 def test_logits_do_not_depend_on_cache_chunking_batch_or_drafting(
@@ -71,6 +81,11 @@ def test_logits_do_not_depend_on_cache_chunking_batch_or_drafting(
     }
     for name, config in variants.items():
         assert _session(model, text_ids, **config) == want, name
+    # Turn 1's KV evicted to the host tier and restored for turn 2 (a pool of ~1.4k tokens).
+    small_pool = {"kv_memory_bytes": 32 << 20, "spec": "none"}
+    assert _session(model, text_ids, evict=True, host_kv_memory_bytes=64 << 20,
+                    **small_pool) == want, "host tier"
+    assert _session(model, text_ids, evict=True, **small_pool) == want, "evicted, recomputed"
     for neighbours in (1, 3, 7):
         assert _session(model, text_ids, neighbours=neighbours, spec="none") == want, neighbours
 
