@@ -81,8 +81,11 @@ def test_logits_do_not_depend_on_cache_chunking_batch_or_drafting(
     }
     for name, config in variants.items():
         assert _session(model, text_ids, **config) == want, name
-    # Turn 1's KV evicted to the host tier and restored for turn 2 (a pool of ~1.4k tokens).
-    small_pool = {"kv_memory_bytes": 32 << 20, "spec": "none"}
+    # Turn 1's KV evicted to the host tier and restored for turn 2 (a pool of 1,400 tokens,
+    # whatever the KV dtype).
+    config = model.model.config
+    token_bytes = 2 * config.num_layers * config.kv_size * model.model.kv_dtype.itemsize
+    small_pool = {"kv_memory_bytes": 1400 * token_bytes, "spec": "none"}
     assert _session(model, text_ids, evict=True, host_kv_memory_bytes=64 << 20,
                     **small_pool) == want, "host tier"
     assert _session(model, text_ids, evict=True, **small_pool) == want, "evicted, recomputed"
