@@ -140,13 +140,15 @@ def _load(args: argparse.Namespace) -> LoadedModel:
         torch.set_num_threads(args.threads)
     dtype = args.dtype
     device = getattr(args, "device", "cpu")
-    if dtype == "auto":
+    if dtype == "auto" and device == "cpu":
+        # default_dtype's CPU choice, read once here with its reason for the log.
+        name, choice = cpu_isa.auto_dtype()
+        dtype = choice.dtype
+        print(f"radixgate: CPU class {name}{cpu_isa.cap_note()}: --dtype auto runs "
+              f"{choice.dtype} ({choice.why}); C kernels built for {kernel_simd()}",
+              file=sys.stderr, flush=True)
+    elif dtype == "auto":
         dtype = default_dtype(device)
-        if device == "cpu":
-            name, choice = cpu_isa.auto_dtype()
-            print(f"radixgate: CPU class {name}{cpu_isa.cap_note()}: --dtype auto runs "
-                  f"{choice.dtype} ({choice.why}); C kernels built for {kernel_simd()}",
-                  file=sys.stderr, flush=True)
     return load_model(args.model, dtype, packed=not args.no_packed_weights)
 
 
