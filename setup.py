@@ -1,6 +1,7 @@
 """The compiled parts: the CPU paged-attention kernel (engine/attention/csrc/paged_cpu.c), the
-linear layers over packed GGUF weights (engine/models/csrc/qlinear_cpu.c) and the elementwise
-steps of a decode-sized forward (engine/models/csrc/rowops_cpu.c).
+linear layers over packed GGUF weights (engine/models/csrc/qlinear_cpu.c), their int8 GEMM for
+extends (engine/models/csrc/qgemm_i8_cpu.c) and the elementwise steps of a decode-sized forward
+(engine/models/csrc/rowops_cpu.c).
 
 Everything else is in pyproject.toml. pip builds the extensions from source on the machine that
 installs them, for that machine's CPU (-march=native, as llama.cpp's GGML_NATIVE does). They
@@ -25,4 +26,5 @@ setup(ext_modules=[
     extension("engine.attention._paged_cpu", "engine/attention/csrc/paged_cpu.c"),
     extension("engine.models._qlinear_cpu", "engine/models/csrc/qlinear_cpu.c"),
     extension("engine.models._rowops_cpu", "engine/models/csrc/rowops_cpu.c"),
+    extension("engine.models._qgemm_i8_cpu", "engine/models/csrc/qgemm_i8_cpu.c"),
 ])

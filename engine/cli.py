@@ -14,7 +14,7 @@ from engine import cpu_isa
 from engine.engine import Engine, EngineConfig
 from engine.errors import EngineError
 from engine.kv_pool import DEFAULT_SWA_RATIO
-from engine.models.loader import LoadedModel, default_dtype, load_model
+from engine.models.loader import LoadedModel, auto_cpu_dtype, default_dtype, load_model
 from engine.native import kernel_simd
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.reference import GenerationStats, reference_stream
@@ -27,10 +27,14 @@ MIB = 1 << 20
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="a .gguf file or an HF folder (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "mixed"],
+    parser.add_argument("--dtype", default="auto",
+                        choices=["auto", "fp32", "bf16", "mixed", "int8"],
                         help="weight and compute dtype; mixed: bf16 projections over fp32 "
-                             "norms, attention, lm_head and KV; auto: bf16 on CUDA, mixed on a "
-                             "CPU with bf16 instructions (AVX512-BF16/AMX), else fp32")
+                             "norms, attention, lm_head and KV; int8: fp32, but extends run "
+                             "the projections as int8 GEMMs on the GGUF's codes (needs "
+                             "AVX512-VNNI); auto: bf16 on CUDA, mixed on a CPU with bf16 "
+                             "instructions (AVX512-BF16/AMX), int8 on AVX512-VNNI without "
+                             "them, else fp32")
     parser.add_argument("--no-packed-weights", action="store_true",
                         help="decode and verify with the dense fp32 weights (the reference) "
                              "instead of reading the GGUF's own Q4_0/Q4_1/Q8_0 codes, which "
@@ -142,7 +146,7 @@ def _load(args: argparse.Namespace) -> LoadedModel:
     device = getattr(args, "device", "cpu")
     if dtype == "auto" and device == "cpu":
         # default_dtype's CPU choice, read once here with its reason for the log.
-        name, choice = cpu_isa.auto_dtype()
+        name, choice = auto_cpu_dtype()
         dtype = choice.dtype
         print(f"radixgate: CPU class {name}{cpu_isa.cap_note()}: --dtype auto runs "
               f"{choice.dtype} ({choice.why}); C kernels built for {kernel_simd()}",

@@ -57,6 +57,12 @@ _AUTO_DTYPE = {
 }
 
 
+# An AVX-512 CPU without bf16 but with VNNI (Intel Ice Lake and Cascade Lake Xeons) runs the
+# extends' projections as int8 GEMMs on the GGUF's codes (engine.models.int8_gemm).
+_AVX512_VNNI = DtypeChoice("int8", "AVX512-VNNI without bf16 (Ice Lake): int8 projections on "
+                                   "the GGUF's codes for extends, fp32 elsewhere")
+
+
 def _cap() -> str | None:
     cap = os.environ.get(CAP_ENV, "").strip().lower()
     if not cap:
@@ -98,8 +104,11 @@ def cpu_class(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 
 def auto_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, DtypeChoice]:
-    """(class, the `--dtype auto` choice for it)."""
+    """(class, the `--dtype auto` choice for it). "int8" needs the int8 kernel built with VNNI;
+    `engine.models.loader.auto_cpu_dtype` checks that."""
     name = cpu_class(cpuinfo)
+    if name == "avx512" and "avx512_vnni" in flags(cpuinfo):
+        return name, _AVX512_VNNI
     return name, _AUTO_DTYPE[name]
 
 

@@ -20,6 +20,7 @@ from engine.attention.spec import AttentionSpec
 from engine.config import ModelConfig, Rope
 from engine.models import onednn, rowops
 from engine.models.base import AttentionFn, dtype_name
+from engine.models.int8_gemm import Int8Weight
 from engine.models.linear import Weight, linear
 from engine.models.moe import moe_forward
 from engine.models.onednn import OneDnnWeight
@@ -39,7 +40,7 @@ def row_dtype(weight: Weight) -> torch.dtype:
     """The dtype a projection computes in, which its input rows are kept in."""
     if isinstance(weight, OneDnnWeight):
         return weight.packed.dtype
-    return torch.float32 if isinstance(weight, PackedWeight) else weight.dtype
+    return torch.float32 if isinstance(weight, PackedWeight | Int8Weight) else weight.dtype
 
 
 def decoder_layer(ops: TorchOps, cfg: ModelConfig, layer: LayerWeights, lin: LayerWeights,

@@ -12,12 +12,21 @@ import torch
 
 from engine import cpu_isa
 from engine.errors import InvalidRequest
-from engine.models import onednn, quant
+from engine.models import int8_gemm, onednn, quant
 from engine.models.decoder import DecoderModel
 from engine.models.gguf_loader import load_gguf
 from engine.models.hf_loader import load_hf
+from engine.models.linear import Weight
 from engine.models.locate import resolve_model_path
-from engine.models.weights import LayerWeights, MixedPrecision, PackedWeights, with_projections
+from engine.models.quant import PackedWeight
+from engine.models.weights import (
+    LayerWeights,
+    MixedPrecision,
+    PackedWeights,
+    projections,
+    with_projections,
+)
+from engine.native import kernel_simd
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -27,6 +36,9 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
 # "mixed": fp32 weights, norms, attention and KV pool, with the projections (not the lm_head)
 # run in bf16 (see MixedPrecision).
 MIXED = "mixed"
+# "int8": fp32 weights, norms, attention and KV pool, with the projections of extends run as
+# int8 GEMMs on the GGUF's codes (engine.models.int8_gemm; VNNI CPUs).
+INT8 = "int8"
 # CPU flags with bf16 dot-product instructions; without them bf16 GEMMs are slower than fp32.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -44,12 +56,12 @@ class LoadedModel:
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    """The weight dtype of a `--dtype` name ("mixed" keeps fp32 weights)."""
-    if name == MIXED:
+    """The weight dtype of a `--dtype` name ("mixed" and "int8" keep fp32 weights)."""
+    if name in (MIXED, INT8):
         return torch.float32
     if name not in DTYPES:
         raise InvalidRequest(
-            f"dtype '{name}' is not supported; use one of {sorted({*DTYPES, MIXED})}")
+            f"dtype '{name}' is not supported; use one of {sorted({*DTYPES, MIXED, INT8})}")
     return DTYPES[name]
 
 
@@ -73,8 +85,18 @@ def default_dtype(device: str, cpu_bf16: bool | None = None) -> str:
     if device.startswith("cuda"):
         return "bf16"
     if cpu_bf16 is None:
-        return cpu_isa.auto_dtype()[1].dtype
+        return auto_cpu_dtype()[1].dtype
     return MIXED if cpu_bf16 else "fp32"
+
+
+def auto_cpu_dtype() -> tuple[str, cpu_isa.DtypeChoice]:
+    """(CPU class, `--dtype auto`'s choice on it, with its reason), fp32 where the class would
+    take int8 but the int8 kernel was not built with VNNI."""
+    name, choice = cpu_isa.auto_dtype()
+    if choice.dtype == INT8 and not int8_gemm.has_vnni():
+        return name, cpu_isa.DtypeChoice("fp32", f"the int8 kernel is not built with VNNI "
+                                                 f"({kernel_simd()})")
+    return name, choice
 
 
 def place_model(loaded: LoadedModel, device: str) -> LoadedModel:
@@ -100,12 +122,17 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
 
     `packed`: decode steps of a GGUF with Q4_0/Q4_1/Q8_0/Q4_K weights read those codes
     (engine.models.quant) where the kernel is built, fp32 extends read oneDNN-packed copies of
-    the dense weights (engine.models.onednn), and the forwards run the C row ops; False keeps the
-    dense torch reference path.
-    Progress goes to stderr. Raises `ModelNotFound` (with an install hint) or `UnsupportedModel`.
+    the dense weights (engine.models.onednn), or with `dtype` "int8" the codes as int8 GEMMs
+    (engine.models.int8_gemm), and the forwards run the C row ops; False keeps the dense torch
+    reference path.
+    Progress goes to stderr. Raises `ModelNotFound` (with an install hint) or `UnsupportedModel`;
+    `InvalidRequest` for "int8" on a CPU (or kernel build) without VNNI.
     """
     path = resolve_model_path(model)
     torch_dtype = parse_dtype(dtype)
+    if dtype == INT8 and not int8_gemm.has_vnni():
+        raise InvalidRequest("--dtype int8 needs a CPU with AVX512-VNNI and the int8 kernel "
+                             f"built for it (built: {kernel_simd()}); use --dtype fp32")
     started = time.perf_counter()
     if show_progress:
         print(f"radixgate: loading {path} ({dtype})", file=sys.stderr, flush=True)
@@ -131,7 +158,15 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
         packed_weights = PackedWeights(tuple(weights.layers), weights.lm_head)
     mixed = MixedPrecision() if dtype == MIXED else None
     # With mixed precision the extends run bf16 copies instead.
-    if packed_weights is not None and mixed is None and onednn.available():
+    if packed_weights is not None and mixed is None and dtype == INT8:
+        packed_weights = replace(packed_weights, extend_layers=tuple(
+            _int8_layer(dense, codes)
+            for dense, codes in zip(weights.layers, packed_weights.decode_layers, strict=True)))
+        if not any(isinstance(w, int8_gemm.Int8Weight)
+                   for layer in packed_weights.extend_layers or () for w in projections(layer)):
+            logger.warning("--dtype int8: %s has no Q4_0/Q4_1/Q8_0/Q4_K projections; extends "
+                           "run fp32", path.name)
+    elif packed_weights is not None and mixed is None and onednn.available():
         packed_weights = replace(packed_weights, extend_layers=tuple(
             _onednn_layer(layer) for layer in weights.layers))
     model_ = DecoderModel(config, weights, torch_dtype, mixed, packed_weights)
@@ -140,6 +175,24 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
         print(f"radixgate: model ready in {loaded.load_s:.1f} s ({model_.precision_name}; "
               f"weights: {model_.weights_name})", file=sys.stderr, flush=True)
     return loaded
+
+
+def _int8_layer(dense: LayerWeights, codes: LayerWeights) -> LayerWeights:
+    """The extend weights of one layer for `--dtype int8`: each projection whose GGUF codes are
+    packed (`codes`) as an int8 GEMM weight, the others dense fp32 in oneDNN's layout."""
+    def convert(weight: Weight, fallback: Weight | None) -> Weight:
+        if isinstance(weight, PackedWeight):
+            int8 = int8_gemm.Int8Weight.from_packed(weight)
+            if int8 is not None:
+                return int8
+        assert isinstance(fallback, torch.Tensor)
+        return onednn.OneDnnWeight.pack(fallback) if onednn.available() else fallback
+
+    assert codes.qkv is not None and codes.o is not None
+    return replace(dense, qkv=convert(codes.qkv, dense.qkv), o=convert(codes.o, dense.o),
+                   gate_up=None if codes.gate_up is None else convert(codes.gate_up,
+                                                                      dense.gate_up),
+                   down=None if codes.down is None else convert(codes.down, dense.down))
 
 
 def _onednn_layer(layer: LayerWeights) -> LayerWeights:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import rowops
+from engine.models.int8_gemm import Int8Weight, int8_linear
 from engine.models.linear import Weight, linear
 from engine.models.quant import PackedWeight, qlinear
 
@@ -104,10 +105,13 @@ class CpuOps(TorchOps):
     def add_linear_(self, residual: torch.Tensor, x: torch.Tensor, weight: Weight,
                     bias: torch.Tensor | None = None) -> None:
         # The codes kernel adds into the residual itself: no product tensor, no extra pass.
-        if (isinstance(weight, PackedWeight) and bias is None
-                and residual.dtype == torch.float32 and residual.is_contiguous()):
-            qlinear(x, weight, add_to=residual)
-            return
+        if (bias is None and residual.dtype == torch.float32 and residual.is_contiguous()):
+            if isinstance(weight, PackedWeight):
+                qlinear(x, weight, add_to=residual)
+                return
+            if isinstance(weight, Int8Weight):
+                int8_linear(x, weight, add_to=residual)
+                return
         super().add_linear_(residual, x, weight, bias)
 
 

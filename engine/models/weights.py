@@ -106,8 +106,9 @@ class PackedWeights:
     the dense fp32 weights. Forwards of at most `max_rows` rows (decodes, draft verifications)
     take `decode_layers` and `lm_head`: the GGUF's own quantised codes (engine.models.quant),
     read at 4.5-8.5 bits a weight instead of 32. Longer forwards (prefill chunks) take
-    `extend_layers`: the dense weights in oneDNN's blocked layout (engine.models.onednn), or
-    the dense tensors themselves when None. A projection a kernel cannot read stays dense."""
+    `extend_layers`: the dense weights in oneDNN's blocked layout (engine.models.onednn), the
+    codes as int8 GEMM blocks (engine.models.int8_gemm, `--dtype int8`), or the dense tensors
+    themselves when None. A projection a kernel cannot read stays dense."""
 
     decode_layers: tuple[LayerWeights, ...]
     lm_head: Weight
@@ -124,7 +125,10 @@ class PackedWeights:
 
     @property
     def name(self) -> str:
-        extends = "onednn" if self.extend_layers is not None else "dense"
+        extends = "dense"
+        if self.extend_layers is not None:
+            kinds = {type(w).__name__ for layer in self.extend_layers for w in projections(layer)}
+            extends = "int8" if "Int8Weight" in kinds else "onednn"
         decodes = f"gguf codes (<= {self.max_rows} rows)" if self.nbytes else "dense decodes"
         return f"{decodes}, {extends} extends"
 

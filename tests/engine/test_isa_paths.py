@@ -20,6 +20,7 @@ KERNEL_TESTS = (
     "tests/engine/attention/test_cpu_paged_spec.py",
     "tests/engine/models/test_rowops.py",
     "tests/engine/models/test_quant.py",
+    "tests/engine/models/test_int8_gemm.py",
     "tests/engine/models/test_onednn.py",
     "tests/engine/test_mixed_precision.py",
     "tests/e2e/test_packed_decode.py",
@@ -43,4 +44,5 @@ def test_a_lower_cpu_class_passes_the_kernel_tests(isa: str, tmp_path: Path) -> 
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     simd = isa_builds.SIMD[isa]
-    assert f"radixgate C kernels: attention {simd}, projections {simd}" in done.stdout, tail
+    assert f"radixgate C kernels: attention {simd}, projections {simd}, int8 extends portable" \
+        in done.stdout, tail
