@@ -8,8 +8,8 @@ top-2 margin exceeded 0.56; free-running greedy: 8 of 16 prompts identical over 
 - mean |logit difference| <= 0.25 and max <= 4.0 (logits' std is ~6.4);
 - the next-token argmax agrees on >= 93% of positions, and on every position where the fp32
   top-2 margin is above 1.5: rounding the activations can only flip near-ties;
-- the greedy continuations agree on their first tokens on most prompts (>= 12 of 16 agree on
-  the first 4 tokens).
+- the greedy continuations agree on their first tokens on most prompts (>= 6 of 8 agree on the
+  first 4 tokens; 7 of the first 8 did, 14 of 16).
 That is twice `mixed`'s drift (tests/e2e/test_mixed_precision.py): the price of reading each
 activation at 8 bits, as llama.cpp and OpenVINO do on these CPUs.
 """
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not int8_gemm.has_vnni(), reason="no AVX512-VNNI int8 kernel")]
 
 PROMPT_LEN = 300
-NUM_PROMPTS = 16
+NUM_PROMPTS = 8
 
 
 @pytest.fixture(scope="module")
@@ -75,4 +75,4 @@ def test_int8_greedy_starts_like_fp32(loaded_model: LoadedModel,
     want = greedy_outputs(loaded_model, prompts)
     got = greedy_outputs(int8_model, prompts)
     same_start = sum(a[:4] == b[:4] for a, b in zip(want, got, strict=True))
-    assert same_start >= 12, f"{same_start}/{NUM_PROMPTS} agree on 4 tokens"
+    assert same_start >= 6, f"{same_start}/{NUM_PROMPTS} agree on 4 tokens"
