@@ -3,8 +3,8 @@
 A decode step reads every weight to produce one row per sequence, so on a CPU its time is the
 weight bytes it reads: 4.5-8.5 bits a weight as the GGUF stores them, 32 as the fp32 tensors
 dequantised from them. `PackedWeight` keeps the file's codes and scales (repacked, not
-requantised: Q4_0, Q4_1 and Q4_K become one 4-bit form with fp32 scale and offset, Q8_0 an
-8-bit form), and `qlinear` computes `x @ W.T` from them in fp32 in a C/OpenMP kernel
+requantised: Q4_0, Q4_1 and Q4_K become one 4-bit form with fp32 scale and offset, Q8_0 and
+Q5_0 an 8-bit form), and `qlinear` computes `x @ W.T` from them in fp32 in a C/OpenMP kernel
 (csrc/qlinear_cpu.c). The weights are the very values the fp32 path uses, so the two paths
 differ only in summation order; tests/engine/models/test_quant.py holds them to that.
 
@@ -36,7 +36,12 @@ GGML_FORMATS = {
     GGMLQuantizationType.Q8_0: (34, Q8, 2),
 }
 Q4_K_BYTES = 144  # a Q4_K super-block: 256 weights, eight 32-weight sub-blocks
-# Q5_K and Q6_K stay dense (pack_ggml gives None): neither fits the kernel's forms exactly.
+# Q5_0 (w = d * (q - 16), q 5 bits: 4 in nibbles, the fifth in a 32-bit mask) becomes the 8-bit
+# form with codes q - 16, exactly: what llama-quantize writes for K-quant rows that are not a
+# multiple of 256 (Gemma-3-270M's q, k, v, gate and up).
+Q5_0_BYTES = 22
+# Q5_1 (w = d*q + m, q 5 bits: too wide for the 4-bit form, and the 8-bit form has no offset),
+# Q5_K and Q6_K stay dense (pack_ggml gives None): none fits the kernel's forms exactly.
 # Q5_K's w = d*sc*q - dmin*m has 5-bit codes, and the fifth bit varies weight by weight, so
 # the 4-bit form (nibble codes, one offset a block) cannot hold it; the 8-bit form has no
 # offset, and d*sc*q - dmin*m is d' * integer only when dmin*m / (d*sc) is an integer. Q6_K's
@@ -113,12 +118,14 @@ def pack_ggml(tensor_type: GGMLQuantizationType, data: np.ndarray) -> PackedWeig
     """A GGUF tensor's raw blocks (n rows of bytes, e.g. `data[e]` of a stacked (E, n, bytes)
     expert tensor) repacked, with `dequantize()` equal to gguf's dequantiser (bit for bit, but
     that Q4_0's zeros are all +0 where gguf gives -0 for d < 0); None for a type the kernel does
-    not read (F32, F16, Q5_K, Q6_K, ...: the fp32 path serves those) and for arrays of other
+    not read (F32, F16, Q5_1, Q5_K, Q6_K, ...: the fp32 path serves those) and for arrays of other
     than two axes (a stacked tensor is packed expert by expert)."""
     if data.ndim != 2:
         return None
     if tensor_type == GGMLQuantizationType.Q4_K:
         return _pack_q4_k(data)
+    if tensor_type == GGMLQuantizationType.Q5_0:
+        return _pack_q5_0(data)
     if tensor_type not in GGML_FORMATS:
         return None
     block_bytes, fmt, code_at = GGML_FORMATS[tensor_type]
@@ -151,6 +158,23 @@ def _pack_q4_k(data: np.ndarray) -> PackedWeight:
     codes = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, -1, BLOCK // 2)
     return PackedWeight(Q4, codes.contiguous(), scale.reshape(n, -1).contiguous(),
                         offset.neg().reshape(n, -1).contiguous())
+
+
+def _pack_q5_0(data: np.ndarray) -> PackedWeight:
+    """Q5_0 as the 8-bit form: codes q - 16 in -16..15 and the block's scale, so
+    `PackedWeight.dequantize`'s q * d is gguf's d * (q - 16), the same product. Weight j of a
+    block has its low 4 bits in the low nibble of byte j of `qs` (j < 16) or the high nibble
+    of byte j - 16, and its fifth in bit j of the little-endian mask `qh`."""
+    n = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(n, -1, Q5_0_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qh = blocks[..., 2:6].copy().view("<u4")  # (n, nb, 1)
+    qs = blocks[..., 6:]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # (n, nb, 32)
+    high = (qh >> np.arange(BLOCK, dtype=np.uint32)) & 1
+    codes = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 16
+    return PackedWeight(Q8, torch.from_numpy(codes.astype(np.int8).view(np.uint8)),
+                        torch.from_numpy(np.ascontiguousarray(d)), None)
 
 
 def qlinear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None,

@@ -34,7 +34,7 @@ from tests.engine.models.test_kquant import random_blocks
 pytestmark = pytest.mark.skipif(int8_gemm.kernel() is None, reason="the int8 kernel is not built")
 
 TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
-         GGMLQuantizationType.Q4_K]
+         GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_0]
 
 
 def packed(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> PackedWeight:

@@ -115,6 +115,15 @@ def test_q4_k_packs_exactly() -> None:
     assert packed.nbytes == 37 * 768 * 6 // 8
 
 
+def test_q5_0_packs_exactly_into_the_8_bit_form() -> None:
+    raw = read_only(random_blocks(T.Q5_0, (37, 256), seed=4))
+    packed = pack_ggml(T.Q5_0, raw)
+    assert packed is not None and packed.shape == (37, 256) and packed.m is None
+    codes = packed.codes.view(torch.int8)
+    assert codes.min() == -16 and codes.max() == 15
+    assert_bit_equal(packed.dequantize(), dequantize(raw, T.Q5_0))
+
+
 def test_q4_k_packs_expert_slices_and_shares_the_4_bit_form() -> None:
     stacked = read_only(random_blocks(T.Q4_K, (3, 16, 512), seed=3))
     assert pack_ggml(T.Q4_K, stacked) is None  # packed expert by expert

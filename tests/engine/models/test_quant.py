@@ -18,7 +18,8 @@ from engine.models.weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(kernel() is None, reason="the qlinear kernel is not built")
 
-TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
+TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
+         GGMLQuantizationType.Q5_0]
 
 
 def blocks(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> np.ndarray:
@@ -41,6 +42,7 @@ def test_unsupported_types_are_not_packed() -> None:
     # Q5_K's per-weight fifth bit and Q6_K's 16-weight scales fit no kernel form (quant.py).
     assert pack_ggml(GGMLQuantizationType.Q5_K, np.zeros((4, 176), dtype=np.uint8)) is None
     assert pack_ggml(GGMLQuantizationType.Q6_K, np.zeros((4, 210), dtype=np.uint8)) is None
+    assert pack_ggml(GGMLQuantizationType.Q5_1, np.zeros((4, 48), dtype=np.uint8)) is None
 
 
 @pytest.mark.parametrize("qtype", TYPES)
