@@ -51,6 +51,7 @@ def check_buffer(t: torch.Tensor, what: str, dtypes: tuple[torch.dtype, ...],
 
 # The extensions whose SIMD path depends on how they were built, by what they compute.
 SIMD_EXTENSIONS = (("attention", "engine.attention._paged_cpu"),
+                   ("extend attention", "engine.attention._extend_cpu"),
                    ("projections", "engine.models._qlinear_cpu"),
                    ("int8 extends", "engine.models._qgemm_i8_cpu"))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
     "engine.attention._paged_cpu": "engine/attention/csrc/paged_cpu.c",
+    "engine.attention._extend_cpu": "engine/attention/csrc/extend_cpu.c",
     "engine.models._qlinear_cpu": "engine/models/csrc/qlinear_cpu.c",
     "engine.models._rowops_cpu": "engine/models/csrc/rowops_cpu.c",
     "engine.models._qgemm_i8_cpu": "engine/models/csrc/qgemm_i8_cpu.c",

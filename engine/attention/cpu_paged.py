@@ -1,6 +1,7 @@
 """The "cpu" attention backend: decode and draft-verification rows attend straight from the
 paged pool in one C/OpenMP kernel (csrc/paged_cpu.c), so a step reads each sequence's K/V once;
-longer extends (prefill chunks) use the fused flash path of the "torch" backend.
+longer extends (prefill chunks) run the C extend kernel (csrc/extend_cpu.c) where
+`cpu_extend.extend_choice` measured it faster, else the fused flash path of the "torch" backend.
 
 The kernel is built by pip with the package (setup.py); where it was not (no C compiler),
 `kernel()` is None, "auto" picks "torch" and asking for "cpu" by name is a clear error.
@@ -17,6 +18,7 @@ from types import ModuleType
 import torch
 
 from engine.attention.base import PagedBatch
+from engine.attention.cpu_extend import ExtendIndex, extend_choice, paged_extend
 from engine.attention.cpu_flash import extend_attention
 from engine.attention.spec import AttentionSpec, first_visible
 from engine.errors import InvalidRequest
@@ -176,10 +178,15 @@ class CpuPagedAttention:
         max_rows = self.max_kernel_rows
         short = [i for i, n in enumerate(batch.extend_lens) if n <= max_rows]
         self.long_items = [i for i, n in enumerate(batch.extend_lens) if n > max_rows]
+        # The C extend kernel's index over the long sequences (None: torch's flash path).
+        self.extend_index: ExtendIndex | None = None
+        if self.long_items and layer.shape[-1] % 8 == 0 and extend_choice(layer.dtype)[0]:
+            self.extend_index = self._index(self.long_items)
         offsets = torch.arange(page_size)
         self.long_slots = {
             i: (batch.page_tables[i].unsqueeze(1) * page_size + offsets).flatten()[
-                : batch.context_lens[i]] for i in self.long_items}
+                : batch.context_lens[i]]
+            for i in (self.long_items if self.extend_index is None else ())}
         self.short_items = short
         self.short_rows: torch.Tensor | None = None  # rows of `q` the kernel reads, in order
         if not short:
@@ -200,6 +207,17 @@ class CpuPagedAttention:
             self.short_rows = torch.cat([torch.arange(self.row_starts[i], self.row_starts[i + 1])
                                          for i in short])
 
+    def _index(self, items: list[int]) -> ExtendIndex:
+        """(pages, page_starts, context_lens, row_starts, extend_lens) of `items` for the
+        extend kernel: the page ids that cover each context, concatenated."""
+        batch, page_size = self.batch, self.page_size
+        tables = [batch.page_tables[i][: -(-batch.context_lens[i] // page_size)] for i in items]
+        return (torch.cat(tables).to(torch.int64).contiguous(),
+                torch.tensor([0, *accumulate(len(t) for t in tables)][:-1], dtype=torch.int64),
+                torch.tensor([batch.context_lens[i] for i in items], dtype=torch.int64),
+                torch.tensor([self.row_starts[i] for i in items], dtype=torch.int64),
+                torch.tensor([batch.extend_lens[i] for i in items], dtype=torch.int64))
+
     @classmethod
     def unsupported(cls, spec: AttentionSpec) -> list[str]:
         """The kernel and the flash path take a scale, windows and sinks; softcap is not
@@ -215,6 +233,15 @@ class CpuPagedAttention:
         # index_copy_/index_select: 3-5x faster than advanced indexing for these row copies.
         flat_k.index_copy_(0, self.batch.slot_mapping, k.to(flat_k.dtype))
         flat_v.index_copy_(0, self.batch.slot_mapping, v.to(flat_v.dtype))
+        if self.extend_index is not None:
+            # The C kernel writes the long sequences' rows; short rows are filled below.
+            q32 = q if q.dtype == torch.float32 and _rows_of(q) >= 0 else q.float().contiguous()
+            out32 = torch.empty(q.shape, dtype=torch.float32)
+            paged_extend(q32, flat_k, flat_v, *self.extend_index, self.page_size, out32,
+                         scale=spec.scale, window=spec.window, sinks=spec.sinks)
+            if self.short_rows is not None:
+                out32[self.short_rows] = self._kernel(spec, q32[self.short_rows], flat_k, flat_v)
+            return out32 if q.dtype == torch.float32 else out32.to(q.dtype)
         out = torch.empty_like(q)
         for i in self.long_items:
             start, end = self.row_starts[i], self.row_starts[i + 1]

@@ -17,6 +17,7 @@ from tests import isa_builds
 
 KERNEL_TESTS = (
     "tests/engine/attention/test_cpu_paged.py",
+    "tests/engine/attention/test_cpu_extend.py",
     "tests/engine/attention/test_cpu_paged_spec.py",
     "tests/engine/models/test_rowops.py",
     "tests/engine/models/test_quant.py",
@@ -47,5 +48,6 @@ def test_a_lower_cpu_class_passes_the_kernel_tests(isa: str, tmp_path: Path) -> 
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     simd = isa_builds.SIMD[isa]
-    assert f"radixgate C kernels: attention {simd}, projections {simd}, int8 extends portable" \
-        in done.stdout, tail
+    extend = {"avx2": "avx2", "baseline": "portable"}[isa]
+    assert (f"radixgate C kernels: attention {simd}, extend attention {extend}, projections "
+            f"{simd}, int8 extends portable") in done.stdout, tail

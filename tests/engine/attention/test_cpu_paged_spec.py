@@ -12,17 +12,6 @@ into a cache under the temp dir (about a second each)."""
 from __future__ import annotations
 
 import copy
-import functools
-import hashlib
-import importlib.util
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -31,47 +20,14 @@ import torch
 
 from engine.attention import cpu_paged
 from engine.attention.cpu_paged import paged_attention
+from tests.engine.attention.kernel_builds import ROOT, build_variant
 
-ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "engine/attention/csrc/paged_cpu.c"
-INCLUDES = (ROOT / "engine/csrc", ROOT / "engine/attention/csrc")
-# setup.py's COMPILE_ARGS with -march left to the variant.
-FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 BUILDS = ("native", "x86-64-v3", "x86-64")
 
 
-@functools.cache
 def compiled(march: str) -> ModuleType | str:
-    """The kernel built with -march=`march` under the temp dir (reused while the sources and
-    flags are unchanged), or why it could not be."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if platform.machine() not in ("x86_64", "AMD64") or compiler is None:
-        return "needs an x86-64 machine with a C compiler"
-    if march == "x86-64-v3" and torch.backends.cpu.get_cpu_capability() not in ("AVX2",
-                                                                                "AVX512"):
-        return "this CPU has no AVX2"
-    headers = sorted(p for d in INCLUDES for p in d.glob("*.h"))
-    digest = hashlib.sha256(f"{march} {FLAGS} {sys.version}".encode())
-    for path in (SOURCE, *headers):
-        digest.update(path.read_bytes())
-    folder = Path(tempfile.gettempdir()) / f"radixgate-paged-{march}-{digest.hexdigest()[:16]}"
-    library = folder / f"_paged_cpu{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not library.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f"build-{os.getpid()}.so"  # renamed into place: parallel runs race
-        cmd = [compiler, *FLAGS, f"-march={march}", *(f"-I{d}" for d in INCLUDES),
-               f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(partial)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            return f"{' '.join(cmd)} failed: {done.stderr[-2000:]}"
-        os.replace(partial, library)
-    # The name's last part must be the module's own (PyInit__paged_cpu).
-    spec = importlib.util.spec_from_file_location(f"paged_{march.replace('-', '_')}._paged_cpu",
-                                                  library)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return build_variant(SOURCE, march)
 
 
 @pytest.fixture(params=BUILDS)

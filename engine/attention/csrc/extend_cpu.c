@@ -1,0 +1,328 @@
+/* Flash attention for extends (prefill chunks, turn deltas) on the CPU, read straight from the
+ * paged KV pool.
+ *
+ * A sequence has T new query rows at the end of a context of C tokens whose K/V (the new rows'
+ * included) already sit in pages of the pool; row t, at position p = C - T + t, sees positions
+ * [0, p], or (p - W, p] with a sliding window of W keys. A work item is (sequence, KV head,
+ * block of QB tokens): the block's tokens times the query heads of the KV group are its rows,
+ * sixteen to a vector, so every K and V row loaded feeds all of them. Rows sit in the vector's
+ * lanes, transposed once per item, which turns both products into broadcast FMAs with no
+ * horizontal sums: scores s[j] (16 rows) += q^T[d] * k[j][d], and out^T[d] += p[j] * v[j][d];
+ * the row max and sum of the online softmax are lane-wise too. Keys go in tiles of KT on a grid
+ * of absolute positions, in order, and scores are in log2 units (q is scaled by log2 e once), so
+ * the softmax is one exp2 per score.
+ *
+ * torch's flash kernel, which this replaces where it is faster, needs each sequence's K/V
+ * gathered out of the pages into a new tensor first (a read and a write of every byte per layer)
+ * and the grouped heads' K/V expanded for the new block.
+ *
+ * The contract and its reference: engine/attention/cpu_extend.py, tests/engine/attention.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bf16.h"
+
+#define KT 64      /* keys per tile */
+#define LANES 16   /* query rows per vector */
+#define QB 32      /* tokens per work item */
+#define MB 2       /* vectors of rows a micro-block takes through a tile */
+#define LOG2E 1.4426950408889634f
+
+typedef struct {
+    const void *k, *v;    /* a layer of the pool: (num_slots, num_kv_heads, head_dim) */
+    int bf16;             /* pool dtype: 0 fp32, 1 bf16 */
+    const float *q;       /* rows q_stride floats apart, (num_heads, head_dim) each */
+    float *out;           /* (rows, num_heads, head_dim) */
+    const int64_t *pages; /* page ids of all sequences, concatenated */
+    const int64_t *page_starts, *context_lens, *row_starts, *extend_lens; /* per sequence */
+    int64_t num_seqs, num_heads, num_kv_heads, head_dim, page_size, q_stride, window;
+    float scale;
+    const float *sinks;   /* (num_heads,) logits that join the softmax with no value, or NULL */
+} Args;
+
+/* One work item's buffers and rows: num_vec vectors of LANES rows, row r = token * group + g
+ * (padding rows repeat the last real one and are never written). */
+typedef struct {
+    int64_t num_vec, stride;  /* stride = num_vec * LANES floats between dims of qt and acc */
+    int32_t *pos, *lo;        /* per row: its position and the first it sees */
+    float *qt, *acc;          /* (head_dim, stride): q^T scaled, the unnormalised out^T */
+    float *m, *l;             /* (stride): running max and sum, log2 units */
+    float *kbuf, *vbuf;       /* (KT, head_dim) fp32: a bf16 pool's tile widened */
+    float *s;                 /* (KT, MB * LANES): a micro-block's scores, then weights */
+    uint32_t *qtb, *vp, *sb;  /* bf16 pairs (extend_avx512.h's bf16 path): q^T, V, weights */
+} Item;
+
+/* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
+ * `pages`) lies in the pool, j < n. */
+static void tile_rows(const Args *a, const void *base, const int64_t *pages, int64_t h,
+                      int64_t p0, int n, const void **rows) {
+    int64_t elem = a->bf16 ? 2 : 4, stride = a->num_kv_heads * a->head_dim;
+    for (int j = 0; j < n;) {
+        int64_t pos = p0 + j, in_page = pos % a->page_size;
+        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
+        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
+                       + h) * a->head_dim;
+        for (int64_t i = 0; i < run; i++, j++, off += stride)
+            rows[j] = (const char *)base + off * elem;
+    }
+}
+
+/* rows[j]: the fp32 K or V row at position p0 + j: the pool's own row for fp32, else the row
+ * widened into `buf`. */
+static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64_t h, int64_t p0,
+                    int n, float *buf, const float **rows) {
+    const void *at[KT];
+    tile_rows(a, base, pages, h, p0, n, at);
+    for (int j = 0; j < n; j++) {
+        if (!a->bf16) {
+            rows[j] = (const float *)at[j];
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)at[j];
+        uint32_t *dst = (uint32_t *)(buf + j * a->head_dim);
+#pragma omp simd
+        for (int64_t d = 0; d < a->head_dim; d++) dst[d] = (uint32_t)src[d] << 16;
+        rows[j] = buf + j * a->head_dim;
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define EX_AVX512 1
+#include "extend_avx512.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define EX_AVX2 1
+#include "extend_avx2.h"
+#else
+/* The portable micro-block: the same steps as extend_avx512.h's, one lane at a time. */
+static void micro_block(const Item *it, int64_t d_len, int64_t v0, int nv, const float *const *k,
+                        const float *const *v, int64_t p0, int n, int masked) {
+    float corr[MB * LANES];
+    for (int r = 0; r < nv * LANES; r++) {
+        int64_t row = v0 * LANES + r;
+        float top = it->m[row];
+        for (int j = 0; j < n; j++) {
+            float x = 0.0f;
+            for (int64_t d = 0; d < d_len; d++) x += it->qt[d * it->stride + row] * k[j][d];
+            if (masked && (p0 + j > it->pos[row] || p0 + j < it->lo[row])) x = -INFINITY;
+            it->s[j * MB * LANES + r] = x;
+            top = x > top ? x : top;
+        }
+        float safe = top == -INFINITY ? 0.0f : top, sum = 0.0f;
+        corr[r] = exp2f(it->m[row] - safe);
+        for (int j = 0; j < n; j++) {
+            float p = exp2f(it->s[j * MB * LANES + r] - safe);
+            it->s[j * MB * LANES + r] = p;
+            sum += p;
+        }
+        it->l[row] = it->l[row] * corr[r] + sum;
+        it->m[row] = top;
+        for (int64_t d = 0; d < d_len; d++) {
+            float x = it->acc[d * it->stride + row] * corr[r];
+            for (int j = 0; j < n; j++) x += it->s[j * MB * LANES + r] * v[j][d];
+            it->acc[d * it->stride + row] = x;
+        }
+    }
+}
+#endif
+
+/* Fills the item's rows for tokens [t0, t0 + num_tok) of sequence s, KV head h. */
+static void load_rows(const Args *a, Item *it, int64_t s, int64_t h, int64_t t0, int64_t num_tok) {
+    int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim;
+    int64_t num_rows = num_tok * group, start = a->context_lens[s] - a->extend_lens[s];
+    for (int64_t r = 0; r < it->stride; r++) {
+        int64_t real = r < num_rows ? r : num_rows - 1, t = t0 + real / group, g = real % group;
+        int64_t pos = start + t, lo = a->window > 0 ? pos - a->window + 1 : 0;
+        it->pos[r] = (int32_t)pos;
+        it->lo[r] = (int32_t)(lo > 0 ? lo : 0);
+        it->m[r] = -INFINITY;
+        it->l[r] = 0.0f;
+        const float *qr = a->q + (a->row_starts[s] + t) * a->q_stride + (h * group + g) * d_len;
+        float mul = r < num_rows ? a->scale * LOG2E : 0.0f;
+        for (int64_t d = 0; d < d_len; d++) {
+            it->qt[d * it->stride + r] = qr[d] * mul;
+            it->acc[d * it->stride + r] = 0.0f;
+        }
+#ifdef EX_BF16
+        if (a->bf16)
+            for (int64_t d = 0; d < d_len; d += 2)
+                it->qtb[d / 2 * it->stride + r] = (uint32_t)rg_to_bf16(qr[d] * mul) |
+                                                  (uint32_t)rg_to_bf16(qr[d + 1] * mul) << 16;
+#endif
+    }
+}
+
+/* Normalises the item's real rows into `out`; a sink joins each row's sum with no value. */
+static void store_rows(const Args *a, const Item *it, int64_t s, int64_t h, int64_t t0,
+                       int64_t num_tok) {
+    int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim;
+    for (int64_t r = 0; r < num_tok * group; r++) {
+        int64_t t = t0 + r / group, head = h * group + r % group;
+        /* acc and l are relative to 2^m; a sink far above m makes l infinite and the row 0,
+         * its limit. */
+        float l = it->l[r];
+        if (a->sinks) l += exp2f(a->sinks[head] * LOG2E - it->m[r]);
+        float inv = 1.0f / l;
+        float *o = a->out + ((a->row_starts[s] + t) * a->num_heads + head) * d_len;
+        for (int64_t d = 0; d < d_len; d++) o[d] = it->acc[d * it->stride + r] * inv;
+    }
+}
+
+/* One work item: tokens [t0, t0 + num_tok) of sequence s against KV head h. */
+static void run_item(const Args *a, Item *it, int64_t s, int64_t h, int64_t t0, int64_t num_tok) {
+    int64_t d_len = a->head_dim, num_rows = num_tok * (a->num_heads / a->num_kv_heads);
+    const int64_t *pages = a->pages + a->page_starts[s];
+    load_rows(a, it, s, h, t0, num_tok);
+    int64_t first = it->lo[0], end = (int64_t)it->pos[num_rows - 1] + 1;
+    int64_t pos_min = it->pos[0], lo_max = it->lo[num_rows - 1];
+    const float *krows[KT], *vrows[KT];
+    /* Tiles on the grid of KT positions from 0; nothing before `first` is read (a window's
+     * pages before it may be invalid ids). */
+    for (int64_t p0 = first / KT * KT; p0 < end; p0 += KT) {
+        int64_t lo = p0 > first ? p0 : first, hi = p0 + KT < end ? p0 + KT : end;
+        int n = (int)(hi - lo);
+        int masked = hi - 1 > pos_min || lo < lo_max;
+#ifdef EX_BF16
+        if (a->bf16) {
+            const void *kraw[KT], *vraw[KT];
+            tile_rows(a, a->k, pages, h, lo, n, kraw);
+            tile_rows(a, a->v, pages, h, lo, n, vraw);
+            ex_pack_v(it, d_len, (const uint16_t *const *)vraw, n);
+            for (int64_t v0 = 0; v0 < it->num_vec; v0 += MB) {
+                int nv = it->num_vec - v0 < MB ? (int)(it->num_vec - v0) : MB;
+                micro_block_bf16(it, d_len, v0, nv, (const uint16_t *const *)kraw, lo, n, masked);
+            }
+            continue;
+        }
+#endif
+        kv_tile(a, a->k, pages, h, lo, n, it->kbuf, krows);
+        kv_tile(a, a->v, pages, h, lo, n, it->vbuf, vrows);
+        for (int64_t v0 = 0; v0 < it->num_vec; v0 += MB) {
+            int nv = it->num_vec - v0 < MB ? (int)(it->num_vec - v0) : MB;
+            micro_block(it, d_len, v0, nv, krows, vrows, lo, n, masked);
+        }
+    }
+    store_rows(a, it, s, h, t0, num_tok);
+}
+
+static void *zalloc(size_t bytes) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+}
+
+/* Returns 0, or -1 when out of memory. */
+static int run(const Args *a, int num_threads) {
+    int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim, num_items = 0;
+    int64_t *item_start = malloc((size_t)(a->num_seqs + 1) * sizeof(int64_t));
+    if (!item_start) return -1;
+    for (int64_t s = 0; s < a->num_seqs; s++) {
+        item_start[s] = num_items;
+        num_items += a->num_kv_heads * ((a->extend_lens[s] + QB - 1) / QB);
+    }
+    item_start[a->num_seqs] = num_items;
+    int64_t max_vec = (QB * group + LANES - 1) / LANES, stride = max_vec * LANES;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        /* Per thread: buffers for the largest item. */
+        Item it;
+        it.pos = zalloc((size_t)stride * sizeof(int32_t));
+        it.lo = zalloc((size_t)stride * sizeof(int32_t));
+        it.qt = zalloc((size_t)(d_len * stride) * sizeof(float));
+        it.acc = zalloc((size_t)(d_len * stride) * sizeof(float));
+        it.m = zalloc((size_t)stride * sizeof(float));
+        it.l = zalloc((size_t)stride * sizeof(float));
+        it.kbuf = zalloc((size_t)(KT * d_len) * sizeof(float));
+        it.vbuf = zalloc((size_t)(KT * d_len) * sizeof(float));
+        it.s = zalloc((size_t)(KT * MB * LANES) * sizeof(float));
+        it.qtb = zalloc((size_t)(d_len / 2 * stride) * sizeof(uint32_t));
+        it.vp = zalloc((size_t)(KT / 2 * d_len) * sizeof(uint32_t));
+        it.sb = zalloc((size_t)(KT / 2 * MB * LANES) * sizeof(uint32_t));
+        int ok = it.pos && it.lo && it.qt && it.acc && it.m && it.l && it.kbuf && it.vbuf && it.s
+                 && it.qtb && it.vp && it.sb;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_items; item++) {
+            if (!ok) continue;
+            int64_t s = 0;
+            while (item_start[s + 1] <= item) s++;
+            int64_t blocks = (a->extend_lens[s] + QB - 1) / QB, local = item - item_start[s];
+            /* Later blocks first: they see the most keys. */
+            int64_t h = local % a->num_kv_heads, b = blocks - 1 - local / a->num_kv_heads;
+            int64_t t0 = b * QB, num_tok = a->extend_lens[s] - t0 < QB ? a->extend_lens[s] - t0 : QB;
+            it.num_vec = (num_tok * group + LANES - 1) / LANES;
+            it.stride = it.num_vec * LANES;
+            run_item(a, &it, s, h, t0, num_tok);
+        }
+        free(it.pos); free(it.lo); free(it.qt); free(it.acc); free(it.m); free(it.l);
+        free(it.kbuf); free(it.vbuf); free(it.s); free(it.qtb); free(it.vp); free(it.sb);
+    }
+    free(item_start);
+    return failed ? -1 : 0;
+}
+
+static PyObject *extend_attention(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long q, k, v, out, pages, page_starts, context_lens, row_starts, extend_lens;
+    unsigned long long sinks;
+    long long num_seqs, num_heads, num_kv_heads, head_dim, page_size, q_stride, window;
+    int bf16, num_threads;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKLLLLLpfiLLK", &q, &k, &v, &out, &pages, &page_starts,
+                          &context_lens, &row_starts, &extend_lens, &num_seqs, &num_heads,
+                          &num_kv_heads, &head_dim, &page_size, &bf16, &scale, &num_threads,
+                          &q_stride, &window, &sinks))
+        return NULL;
+    if (head_dim <= 0 || head_dim % 8 != 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0
+        || page_size <= 0 || num_threads <= 0 || window < 0 || num_seqs < 0) {
+        PyErr_SetString(PyExc_ValueError, "extend_attention: unsupported shape");
+        return NULL;
+    }
+    Args a = {(const void *)k, (const void *)v, bf16, (const float *)q, (float *)out,
+              (const int64_t *)pages, (const int64_t *)page_starts,
+              (const int64_t *)context_lens, (const int64_t *)row_starts,
+              (const int64_t *)extend_lens, num_seqs, num_heads, num_kv_heads, head_dim,
+              page_size, q_stride, window, scale, (const float *)sinks};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run(&a, num_threads);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* The SIMD path this build compiled (it follows -march at build time). */
+static PyObject *simd(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#if defined(EX_BF16)
+    return PyUnicode_FromString("avx512_bf16");
+#elif defined(EX_AVX512)
+    return PyUnicode_FromString("avx512");
+#elif defined(EX_AVX2)
+    return PyUnicode_FromString("avx2");
+#else
+    return PyUnicode_FromString("portable");
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"simd", simd, METH_NOARGS, "simd() -> the SIMD path this build compiled"},
+    {"extend_attention", extend_attention, METH_VARARGS,
+     "extend_attention(q, k, v, out, pages, page_starts, context_lens, row_starts, extend_lens, "
+     "num_seqs, num_heads, num_kv_heads, head_dim, page_size, bf16, scale, num_threads, "
+     "q_stride, window, sinks): data pointers of CPU buffers (sinks 0: none; window 0: none); "
+     "see cpu_extend.py"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_extend_cpu", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__extend_cpu(void) { return PyModule_Create(&module); }

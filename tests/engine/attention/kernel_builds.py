@@ -1,0 +1,60 @@
+"""One C kernel built for a chosen -march, so a test can run the SIMD path another CPU class
+takes (setup.py builds the installed one with -march=native). Built once per source, flags and
+Python into a cache under the temp dir (about a second each) and loaded from there."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+INCLUDES = (ROOT / "engine/csrc", ROOT / "engine/attention/csrc")
+# setup.py's COMPILE_ARGS with -march left to the variant.
+FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
+# What each -march needs of this CPU (torch's capability names it by its widest vectors).
+NEEDS = {"x86-64-v3": ("AVX2", "AVX512"), "icelake-server": ("AVX512",)}
+
+
+@functools.cache
+def build_variant(source: Path, march: str) -> ModuleType | str:
+    """The kernel in `source` (its module is "_" + its stem) built with -march=`march`, or why
+    it could not be."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if platform.machine() not in ("x86_64", "AMD64") or compiler is None:
+        return "needs an x86-64 machine with a C compiler"
+    if march in NEEDS and torch.backends.cpu.get_cpu_capability() not in NEEDS[march]:
+        return f"this CPU cannot run -march={march}"
+    name = f"_{source.stem}"
+    headers = sorted(p for d in INCLUDES for p in d.glob("*.h"))
+    digest = hashlib.sha256(f"{march} {FLAGS} {sys.version}".encode())
+    for path in (source, *headers):
+        digest.update(path.read_bytes())
+    folder = Path(tempfile.gettempdir()) / f"radixgate{name}-{march}-{digest.hexdigest()[:16]}"
+    library = folder / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not library.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f"build-{os.getpid()}.so"  # renamed into place: parallel runs race
+        cmd = [compiler, *FLAGS, f"-march={march}", *(f"-I{d}" for d in INCLUDES),
+               f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(partial)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return f"{' '.join(cmd)} failed: {done.stderr[-2000:]}"
+        os.replace(partial, library)
+    # The name's last part must be the module's own (PyInit_<name>).
+    spec = importlib.util.spec_from_file_location(f"{march.replace('-', '_')}.{name}", library)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

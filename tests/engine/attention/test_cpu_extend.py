@@ -1,0 +1,233 @@
+"""The C extend attention kernel (engine.attention.cpu_extend.paged_extend) against the plain
+references: transformers-style eager attention in fp64 over random pools with pages out of
+order (prefills from position 0, chunks after a cached prefix, many sequences in one call,
+grouped heads of 32/64/80/128 dims, windows and sinks), torch_sdpa through the "cpu" backend
+with decodes and verifications in the same batch, and greedy engine output.
+
+Each kernel test runs on four builds of the source: the installed one (-march=native: bf16
+dot products for a bf16 pool where the CPU has them), one for Ice Lake (AVX-512 without bf16:
+fp32 FMAs, a bf16 pool widened), one for x86-64-v3 (AVX2, as Zen 3 runs it) and one for
+x86-64-v2 (the portable C)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from engine.attention import cpu_extend, cpu_paged
+from engine.attention.cpu_extend import extend_choice, paged_extend
+from engine.attention.cpu_paged import CpuPagedAttention
+from engine.attention.spec import AttentionSpec
+from engine.attention.torch_paged import TorchSdpaPagedAttention
+from engine.engine import Engine, EngineConfig
+from engine.errors import InvalidRequest
+from engine.kv_pool import KVLayout, KVPool
+from engine.models.loader import LoadedModel
+from engine.protocol import Extend, Finished
+from engine.sampling_params import SamplingParams
+from tests.engine.attention.kernel_builds import ROOT, build_variant
+from tests.engine.attention.test_cpu_paged import config, make_batch
+from tests.engine.attention.test_cpu_paged_spec import Batch
+
+SOURCE = ROOT / "engine/attention/csrc/extend_cpu.c"
+BUILDS = ("native", "icelake-server", "x86-64-v3", "x86-64-v2")
+# A prefill from 0, chunks after cached prefixes (tiles cut mid-page and mid-tile), a long
+# delta, single-token and tiny contexts.
+SEQS = [(40, 40), (100, 700), (33, 1301), (257, 3000), (17, 17), (1, 65), (64, 192)]
+
+
+@pytest.fixture(params=BUILDS)
+def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Routes paged_extend to one build of the kernel."""
+    if request.param == "native":
+        if cpu_extend.kernel() is None:
+            pytest.skip("the extend kernel is not built")
+        return "native"
+    module = build_variant(SOURCE, request.param)
+    if isinstance(module, str):
+        pytest.skip(module)
+    monkeypatch.setattr(cpu_extend, "kernel", lambda: module)
+    return str(request.param)
+
+
+class ExtendBatch(Batch):
+    """`Batch`'s sequences through the extend kernel."""
+
+    def run(self, split_len: int = 0, **options: Any) -> torch.Tensor:
+        del split_len  # the extend kernel has no splits
+        head_dim = self.q.shape[2]
+        pages = torch.cat(self.tables).contiguous()
+        page_starts = torch.tensor([0, *[len(t) for t in self.tables]][:-1],
+                                   dtype=torch.int64).cumsum(0)
+        extend_lens = self.row_starts[1:] - self.row_starts[:-1]
+        out = torch.full(self.q.shape, float("nan"))
+        scale = options.pop("scale", None)
+        paged_extend(self.q.float(), self.k, self.v, pages, page_starts, self.context_lens,
+                     self.row_starts[:-1].contiguous(), extend_lens, self.page_size, out,
+                     scale=head_dim**-0.5 if scale is None else scale, **options)
+        return out.to(self.q.dtype)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return 1e-5 if dtype == torch.float32 else 2e-2
+
+
+@pytest.mark.parametrize(("dtype", "heads", "page_size", "window", "sink", "scale"), [
+    (torch.float32, (9, 3, 64), 16, None, False, None),  # SmolLM2's heads
+    (torch.float32, (9, 3, 64), 16, None, True, 0.3),
+    (torch.float32, (8, 1, 128), 16, 300, True, 0.05),
+    (torch.float32, (4, 4, 32), 8, 1, False, None),  # each row sees itself only
+    (torch.float32, (8, 2, 80), 16, 100, False, None),  # 80 dims: not a multiple of 16
+    (torch.float32, (16, 2, 64), 16, 5000, True, None),  # 8 heads a group; window past all
+    (torch.bfloat16, (9, 3, 64), 16, None, False, None),
+    (torch.bfloat16, (9, 3, 64), 8, 128, True, None),
+    (torch.bfloat16, (8, 1, 128), 16, 17, True, 0.2),
+    (torch.bfloat16, (4, 2, 40), 16, None, False, None),  # 40 dims: a pair tail in the pack
+])
+def test_extend_matches_reference(build: str, dtype: torch.dtype, heads: tuple[int, int, int],
+                                  page_size: int, window: int | None, sink: bool,
+                                  scale: float | None) -> None:
+    gen = torch.Generator().manual_seed(0)
+    batch = ExtendBatch(SEQS, heads, page_size, dtype, gen)
+    sinks = 2 * torch.randn(heads[0], generator=gen) if sink else None
+    if window is not None:
+        # The pages before every row's window are not read: garbage there changes nothing.
+        batch.poison_before_windows(window)
+    got = batch.run(scale=scale, window=window, sinks=sinks)
+    want = batch.reference(scale, window, sinks)
+    assert torch.isfinite(got).all()
+    tol = tolerance(dtype)
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pages_before_the_window_are_never_read(build: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    window = 40
+    batch = ExtendBatch([(30, 4000), (100, 3000), (50, 1000)], (9, 3, 64), 16, dtype, gen)
+    spare = int(batch.tables[0][0])
+    batch.k[spare * 16:(spare + 1) * 16] = float("nan")
+    batch.v[spare * 16:(spare + 1) * 16] = float("nan")
+    for i, table in enumerate(batch.tables):
+        before = batch.first_visible(i, window) // batch.page_size
+        table[:before:2] = -1
+        table[1:before:2] = spare
+    assert (torch.cat(batch.tables) == -1).any()
+    got = batch.run(window=window)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), batch.reference(None, window).float(),
+                               atol=tolerance(dtype), rtol=tolerance(dtype))
+
+
+def test_rows_of_other_sequences_are_not_written(build: str) -> None:
+    """Sequence s owns rows [row_starts[s], + extend_lens[s]); rows between them (the short
+    sequences the decode kernel takes) are left as they were."""
+    gen = torch.Generator().manual_seed(3)
+    batch = ExtendBatch([(20, 100), (30, 300)], (4, 2, 32), 16, torch.float32, gen)
+    q = torch.randn(60, 4, 32, generator=gen)
+    q[5:25], q[30:60] = batch.q[:20], batch.q[20:]
+    out = torch.full((60, 4, 32), 7.0)
+    pages = torch.cat(batch.tables).contiguous()
+    paged_extend(q, batch.k, batch.v, pages, torch.tensor([0, len(batch.tables[0])]),
+                 batch.context_lens, torch.tensor([5, 30]), torch.tensor([20, 30]), 16, out,
+                 scale=32**-0.5)
+    want = batch.reference()
+    torch.testing.assert_close(out[5:25], want[:20], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[30:], want[20:], atol=1e-5, rtol=1e-5)
+    assert (out[:5] == 7).all() and (out[25:30] == 7).all()
+
+
+@pytest.fixture
+def c_extends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "cpu" backend sends long extends to the C kernel whatever the table says."""
+    monkeypatch.setattr(cpu_paged, "extend_choice", lambda dtype: (True, "test"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_backend_with_c_extends_equals_torch_sdpa(c_extends: None, dtype: torch.dtype) -> None:
+    """Decodes, verifications and long extends in one batch, pages shuffled: the extend kernel
+    writes its rows, the decode kernel the short ones."""
+    import random
+
+    rng = random.Random(7)
+    cfg = config(9, 3, 64)
+    pool = KVPool(cfg, KVLayout(num_pages=1024, page_size=16, bytes_per_page=0), dtype)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    extend_lens = [1, 40, 5, 300, 1, 17, 64]
+    context_lens = [900, 40, 700, 2000, 3, 4017, 64]
+    batch = make_batch(pool, extend_lens, context_lens, rng)
+    rows = sum(extend_lens)
+    q = torch.randn(rows, 9, 64).to(dtype)
+    k = torch.randn(rows, 3, 64).to(dtype)
+    v = torch.randn(rows, 3, 64).to(dtype)
+    spec = AttentionSpec.plain(0, 64)
+    backend = CpuPagedAttention(pool, batch)
+    assert backend.extend_index is not None
+    got = backend(spec, q, k, v)
+    want = TorchSdpaPagedAttention(pool, batch)(spec, q, k, v)
+    assert got.dtype == dtype
+    tol = tolerance(dtype)
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_greedy_engine_output_equals_reference(tiny: LoadedModel, c_extends: None) -> None:
+    """Whole engine, chunked prefills over cached prefixes (the second pass reuses the first's
+    cache), against torch_sdpa."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = [tiny.tokenizer.encode(t) for t in (
+        "def add(a, b):\n    return a + b\n\n" * 6, "one two three four five " * 20, "x" * 300)]
+    outputs = {}
+    for backend in ("torch_sdpa", "cpu"):
+        engine = Engine(tiny, EngineConfig(page_size=4, kv_memory_bytes=8 << 20,
+                                           max_batch_tokens=64, check_invariants=True,
+                                           attention_backend=backend))
+        for turn in range(2):
+            for i, ids in enumerate(prompts):
+                engine.submit(Extend(f"r{turn}{i}", "ns", None, ids + [7] * turn, params))
+            done = {m.request_id: m for m in engine.run_until_idle() if isinstance(m, Finished)}
+        outputs[backend] = {rid: m.output_token_ids for rid, m in done.items()}
+        assert sum(m.cached_len for m in done.values()) > 0
+    assert outputs["cpu"] == outputs["torch_sdpa"]
+
+
+def test_choice_is_logged_and_can_be_overridden(monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    if cpu_extend.kernel() is None:
+        pytest.skip("the extend kernel is not built")
+    extend_choice.cache_clear()
+    monkeypatch.setenv(cpu_extend.CHOICE_ENV, "torch")
+    with caplog.at_level(logging.INFO, logger="engine.attention.cpu_extend"):
+        assert extend_choice(torch.float32) == (False, f"{cpu_extend.CHOICE_ENV}=torch")
+    assert "extend attention over a float32 pool: torch flash" in caplog.text
+    extend_choice.cache_clear()
+    monkeypatch.setenv(cpu_extend.CHOICE_ENV, "c")
+    assert extend_choice(torch.bfloat16)[0] is True
+    extend_choice.cache_clear()
+    monkeypatch.setenv(cpu_extend.CHOICE_ENV, "fast")
+    with pytest.raises(InvalidRequest, match="use c, torch or auto"):
+        extend_choice(torch.float32)
+    extend_choice.cache_clear()
+
+
+def test_bad_arguments_are_refused() -> None:
+    if cpu_extend.kernel() is None:
+        pytest.skip("the extend kernel is not built")
+    pool = torch.zeros(64, 2, 32)
+    index = (torch.tensor([0, 1, 2, 3]), torch.tensor([0]), torch.tensor([50]),
+             torch.tensor([0]), torch.tensor([50]))
+    out = torch.empty(50, 4, 32)
+    with pytest.raises(ValueError, match="fp32, dims dense"):
+        paged_extend(torch.zeros(50, 4, 32, dtype=torch.bfloat16), pool, pool, *index, 16, out,
+                     scale=1.0)
+    with pytest.raises(ValueError, match="an entry per sequence"):
+        paged_extend(torch.zeros(50, 4, 32), pool, pool, index[0], index[1], index[2],
+                     index[3], torch.tensor([50, 1]), 16, out, scale=1.0)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        paged_extend(torch.zeros(50, 4, 32), pool, pool, *index, 16, out, scale=1.0, window=0)
+    with pytest.raises(TypeError):
+        paged_extend(torch.zeros(50, 4, 32), pool, pool, index[0].int(), index[1], index[2],
+                     index[3], index[4], 16, out, scale=1.0)
