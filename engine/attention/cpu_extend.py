@@ -30,22 +30,24 @@ ExtendIndex = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torc
 
 # (the kernel's SIMD path, pool dtype) -> (C kernel?, the measurement behind it), from
 # `python -m benchmarks.extend_attention_speed` (256 new rows at 1k-7.5k of context, 2 threads,
-# against torch's flash kernel on the gathered K/V, the path it replaces; torch/C time), on a
-# Xeon with AMX (2026-12-06), the lower classes by building the kernel for them and capping
-# oneDNN and MKL to match. "avx512_bf16" is the build of Zen 4 and of AMX Xeons: there its
-# bf16 dot products run at the rate of fp32 FMAs, while torch's bf16 GEMMs (AMX tiles, or
-# oneDNN's AVX512-BF16 kernels under a cap) reach 2x the C kernel's rate.
+# against torch's flash kernel on the gathered K/V, the path it replaces; torch time / C time),
+# all on one Xeon with AMX (2026-12-06): the lower classes' rows with the kernel built for them
+# (-march cooperlake, icelake-server, x86-64-v3) and oneDNN and MKL capped to match
+# (bench-results/xeon-amx/extend_attention_speed*.json). "avx512_bf16" is the Zen 4 build: its
+# bf16 dot products run at the rate of fp32 FMAs on that Xeon, and oneDNN's AVX512-BF16 GEMMs
+# in torch's kernel reach twice the C kernel's rate there (Zen 4 itself not measured).
 _FP32, _BF16 = torch.float32, torch.bfloat16
 _TABLE: dict[tuple[str, torch.dtype], tuple[bool, str]] = {
-    ("avx512_bf16", _FP32): (True, "fp32 FMAs 1.26-1.58x torch's fp32 flash kernel"),
-    ("avx512_bf16", _BF16): (False, "torch's bf16 flash kernel 2.1-2.6x the C kernel's bf16 "
-                                    "dot products (AMX tiles; 1.7-2.3x capped to AVX512-BF16)"),
-    ("avx512", _FP32): (True, "fp32 FMAs 1.17-1.47x torch's fp32 flash kernel"),
-    ("avx512", _BF16): (True, "bf16 rows widened to fp32 FMAs 1.21-1.39x torch's bf16 flash "
+    ("amx", _FP32): (True, "fp32 FMAs 1.41-1.87x torch's fp32 flash kernel"),
+    ("amx", _BF16): (True, "AMX tiles 1.22-1.35x torch's bf16 flash kernel (itself on AMX)"),
+    ("avx512_bf16", _FP32): (True, "fp32 FMAs 1.40-1.53x torch's fp32 flash kernel"),
+    ("avx512_bf16", _BF16): (False, "torch's bf16 flash kernel (oneDNN AVX512-BF16) 1.6-2.2x "
+                                    "the C kernel's bf16 dot products"),
+    ("avx512", _FP32): (True, "fp32 FMAs 1.28-1.50x torch's fp32 flash kernel"),
+    ("avx512", _BF16): (True, "bf16 rows widened to fp32 FMAs 1.30-1.43x torch's bf16 flash "
                               "kernel without bf16 instructions"),
-    ("avx2", _FP32): (True, "AVX2 FMAs 1.04-1.21x torch's fp32 flash kernel up to 4k of "
-                            "context, 0.99x at 7.5k"),
-    ("avx2", _BF16): (True, "bf16 rows widened to AVX2 FMAs 1.09-1.25x torch's bf16 flash "
+    ("avx2", _FP32): (True, "AVX2 FMAs 1.06-1.49x torch's fp32 flash kernel"),
+    ("avx2", _BF16): (True, "bf16 rows widened to AVX2 FMAs 1.20-1.36x torch's bf16 flash "
                             "kernel"),
 }
 

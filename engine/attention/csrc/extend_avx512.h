@@ -13,21 +13,68 @@
 #define DN 8  /* dims an output pass takes together */
 
 /* 2^x for x <= 0 on sixteen lanes, 0 for x <= -200 (-inf included): x = n + f with n the
- * nearest integer, 2^f = e^(f ln 2) by its degree-7 Taylor series (|f ln 2| <= 0.35: relative
- * error ~1e-8), and 2^n applied by scalef. */
-static inline __m512 ex_exp2(__m512 x) {
+ * nearest integer, 2^f = e^(f ln 2) by its Taylor series (|f ln 2| <= 0.35) and 2^n applied by
+ * scalef. Degree 7 (relative error ~1e-8) for fp32 weights; `coarse`: degree 5 (~3e-6), for
+ * weights rounded to bf16 next (2^-9), two FMAs fewer in the kernel's busiest loop. */
+static inline __attribute__((always_inline)) __m512 ex_exp2(__m512 x, const int coarse) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.6931471805599453f));
-    __m512 p = _mm512_set1_ps(1.9841270e-4f);
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.3888889e-3f));
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(8.3333333e-3f));
+    __m512 p = _mm512_set1_ps(8.3333333e-3f);
+    if (!coarse) {
+        p = _mm512_set1_ps(1.9841270e-4f);
+        p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.3888889e-3f));
+        p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(8.3333333e-3f));
+    }
     p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(4.1666667e-2f));
     p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.6666667e-1f));
     p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* Transposes a 16 x 16 block of 32-bit elements held in r[0..15] (rows). */
+static inline void ex_transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4k + c], 128-bit lane L: column 4L + c of rows 4k..4k+3. */
+    for (int k = 0; k < 4; k++) {
+        u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+        __m512i v1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        __m512i w0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(v0, v1, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(v0, v1, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(w0, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(w0, w1, 0xDD);
+    }
+}
+
+/* q^T rows r0 .. r0 + 15 (qt[d][r0 + i] = q[i][d] * mul[i]) from the 16 rows' q, in 16 x 16
+ * blocks; dims past the last multiple of 16 one by one. */
+static void ex_load_q(const Item *it, const float *const *q, const float *mul, int64_t d_len,
+                      int64_t r0) {
+    int64_t d0 = 0;
+    for (; d0 + 16 <= d_len; d0 += 16) {
+        __m512i r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(q[i] + d0),
+                                                     _mm512_set1_ps(mul[i])));
+        ex_transpose16(r);
+        for (int i = 0; i < 16; i++) _mm512_store_si512(it->qt + (d0 + i) * it->stride + r0, r[i]);
+    }
+    for (; d0 < d_len; d0++)
+        for (int i = 0; i < 16; i++) it->qt[d0 * it->stride + r0 + i] = q[i][d0] * mul[i];
 }
 
 /* s[j][u] = q^T rows of vectors v0 + u (u < NV) . k[j], for the NK keys from j0. */
@@ -58,8 +105,9 @@ static inline __attribute__((always_inline)) void ex_scores(const Item *it, int6
 /* The online softmax step for vector v0 + u over the tile's n scores (masked: keys outside a
  * row's span become -inf): updates m and l, turns the scores into weights, returns the factor
  * the row's earlier output takes. */
-static inline __m512 ex_softmax(const Item *it, int64_t v0, int u, int64_t p0, int n,
-                                int masked) {
+static inline __attribute__((always_inline)) __m512 ex_softmax(const Item *it, int64_t v0,
+                                                               int u, int64_t p0, int n,
+                                                               int masked, const int coarse) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     int64_t row = (v0 + u) * LANES;
     __m512 m_old = _mm512_load_ps(it->m + row), top = m_old;
@@ -80,9 +128,9 @@ static inline __m512 ex_softmax(const Item *it, int64_t v0, int u, int64_t p0, i
      * never formed. */
     __m512 safe = _mm512_mask_mov_ps(top, _mm512_cmp_ps_mask(top, neg_inf, _CMP_EQ_OQ),
                                      _mm512_setzero_ps());
-    __m512 corr = ex_exp2(_mm512_sub_ps(m_old, safe)), sum = _mm512_setzero_ps();
+    __m512 corr = ex_exp2(_mm512_sub_ps(m_old, safe), 0), sum = _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
-        __m512 p = ex_exp2(_mm512_sub_ps(_mm512_load_ps(s + j * MB * LANES), safe));
+        __m512 p = ex_exp2(_mm512_sub_ps(_mm512_load_ps(s + j * MB * LANES), safe), coarse);
         _mm512_store_ps(s + j * MB * LANES, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -127,7 +175,7 @@ static inline __attribute__((always_inline)) void ex_block(const Item *it, int64
     for (; j + JN <= n; j += JN) ex_scores(it, d_len, v0, NV, k, j, JN);
     for (; j < n; j++) ex_scores(it, d_len, v0, NV, k, j, 1);
     __m512 corr[MB];
-    for (int u = 0; u < NV; u++) corr[u] = ex_softmax(it, v0, u, p0, n, masked);
+    for (int u = 0; u < NV; u++) corr[u] = ex_softmax(it, v0, u, p0, n, masked, 0);
     ex_output(it, d_len, v0, NV, corr, v, n);
 }
 
@@ -155,6 +203,20 @@ static inline __m512bh ex_bcast_pair(const void *pair) {
  * stride) pairs), each K row's pairs are broadcast straight from the pool, and the tile's V
  * rows are interleaved once into pairs of positions (vp: (KT / 2, head_dim) pairs) for all the
  * item's rows. */
+
+/* qtb[d / 2][r] = (qt[d][r], qt[d + 1][r]) rounded to bf16, for 16 rows from r0. */
+static void ex_pair_q(const Item *it, int64_t d_len, int64_t r0) {
+    const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                              17, 1, 16, 0);
+    for (int64_t d = 0; d < d_len; d += 2) {
+        __m512 lo = _mm512_load_ps(it->qt + d * it->stride + r0);
+        __m512 hi = _mm512_load_ps(it->qt + (d + 1) * it->stride + r0);
+        _mm512_store_si512(it->qtb + d / 2 * it->stride + r0,
+                           _mm512_permutexvar_epi16(pair_idx,
+                                                    (__m512i)_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+}
 
 /* vp[j / 2][d] = (v[j][d], v[j + 1][d]) for the tile's n rows (a zero row after an odd n). */
 static void ex_pack_v(const Item *it, int64_t d_len, const uint16_t *const *v, int n) {
@@ -202,25 +264,33 @@ static inline __attribute__((always_inline)) void ex_scores_bf16(const Item *it,
             _mm512_store_ps(it->s + (j0 + i) * MB * LANES + u * LANES, acc[i][u]);
 }
 
+/* sb[jp][u] = the weights of positions 2 jp and 2 jp + 1 of vector v0 + u as bf16 pairs, for
+ * jp < (n + 1) / 2, then zero pairs up to `num_pairs`. */
+static void ex_pack_p(const Item *it, int nv, int n, int num_pairs) {
+    const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                              17, 1, 16, 0);
+    for (int jp = 0; jp < num_pairs; jp++)
+        for (int u = 0; u < nv; u++) {
+            __m512i both = _mm512_setzero_si512();
+            if (2 * jp < n) {
+                const float *p = it->s + u * LANES;
+                __m512 p0 = _mm512_load_ps(p + 2 * jp * MB * LANES);
+                __m512 p1 = 2 * jp + 1 < n ? _mm512_load_ps(p + (2 * jp + 1) * MB * LANES)
+                                           : _mm512_setzero_ps();
+                both = _mm512_permutexvar_epi16(pair_idx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+            }
+            _mm512_store_si512(it->sb + (jp * MB + u) * LANES, both);
+        }
+}
+
 /* acc^T rows of vectors v0 + u = acc * corr[u] + sum_j s[j][u] v[j] on pairs of positions:
  * the weights are interleaved into pairs once (sb), then eight dims at a time. */
 static inline __attribute__((always_inline)) void ex_output_bf16(const Item *it, int64_t d_len,
                                                                  int64_t v0, const int NV,
                                                                  const __m512 *corr, int n) {
-    const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
-                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
-                                              17, 1, 16, 0);
     int num_pairs = (n + 1) / 2;
-    for (int jp = 0; jp < num_pairs; jp++)
-        for (int u = 0; u < NV; u++) {
-            const float *p = it->s + u * LANES;
-            __m512 p0 = _mm512_load_ps(p + 2 * jp * MB * LANES);
-            __m512 p1 = 2 * jp + 1 < n ? _mm512_load_ps(p + (2 * jp + 1) * MB * LANES)
-                                       : _mm512_setzero_ps();
-            __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
-            _mm512_store_si512(it->sb + (jp * MB + u) * LANES,
-                               _mm512_permutexvar_epi16(pair_idx, both));
-        }
+    ex_pack_p(it, NV, n, num_pairs);
     float *acc = it->acc + v0 * LANES;
     for (int64_t d0 = 0; d0 < d_len; d0 += DN) {
         __m512 o[DN][MB];
@@ -252,7 +322,7 @@ static inline __attribute__((always_inline)) void ex_block_bf16(const Item *it, 
     for (; j + JN <= n; j += JN) ex_scores_bf16(it, d_len, v0, NV, k, j, JN);
     for (; j < n; j++) ex_scores_bf16(it, d_len, v0, NV, k, j, 1);
     __m512 corr[MB];
-    for (int u = 0; u < NV; u++) corr[u] = ex_softmax(it, v0, u, p0, n, masked);
+    for (int u = 0; u < NV; u++) corr[u] = ex_softmax(it, v0, u, p0, n, masked, 1);
     ex_output_bf16(it, d_len, v0, NV, corr, n);
 }
 

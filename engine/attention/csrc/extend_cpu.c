@@ -4,7 +4,7 @@
  * A sequence has T new query rows at the end of a context of C tokens whose K/V (the new rows'
  * included) already sit in pages of the pool; row t, at position p = C - T + t, sees positions
  * [0, p], or (p - W, p] with a sliding window of W keys. A work item is (sequence, KV head,
- * block of QB tokens): the block's tokens times the query heads of the KV group are its rows,
+ * block of tokens): the block's tokens times the query heads of the KV group are its rows,
  * sixteen to a vector, so every K and V row loaded feeds all of them. Rows sit in the vector's
  * lanes, transposed once per item, which turns both products into broadcast FMAs with no
  * horizontal sums: scores s[j] (16 rows) += q^T[d] * k[j][d], and out^T[d] += p[j] * v[j][d];
@@ -28,7 +28,8 @@
 
 #define KT 64      /* keys per tile */
 #define LANES 16   /* query rows per vector */
-#define QB 32      /* tokens per work item */
+#define QB_MAX 64  /* tokens per work item, at most: more rows share each tile's K/V packing */
+#define QB_MIN 16
 #define MB 2       /* vectors of rows a micro-block takes through a tile */
 #define LOG2E 1.4426950408889634f
 
@@ -54,14 +55,21 @@ typedef struct {
     float *kbuf, *vbuf;       /* (KT, head_dim) fp32: a bf16 pool's tile widened */
     float *s;                 /* (KT, MB * LANES): a micro-block's scores, then weights */
     uint32_t *qtb, *vp, *sb;  /* bf16 pairs (extend_avx512.h's bf16 path): q^T, V, weights */
+    uint16_t *kc;             /* (KT, head_dim) bf16: the tile's K rows contiguous (AMX) */
+    uint32_t *vt;             /* (head_dim, KT / 2) bf16 pairs: the tile's V^T (AMX) */
+    float *ob;                /* (64, LANES): out^T of a tile's 64 dims (AMX) */
+    float *zero;              /* (head_dim): the row of positions a tile does not read */
+    int amx;                  /* 1: a bf16 pool's tiles go through extend_amx.h */
 } Item;
 
 /* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
- * `pages`) lies in the pool, j < n. */
+ * `pages`) lies in the pool, j < n; `zero` (a row of zeros) for j < skip, positions that are
+ * not read. */
 static void tile_rows(const Args *a, const void *base, const int64_t *pages, int64_t h,
-                      int64_t p0, int n, const void **rows) {
+                      int64_t p0, int skip, int n, const void *zero, const void **rows) {
     int64_t elem = a->bf16 ? 2 : 4, stride = a->num_kv_heads * a->head_dim;
-    for (int j = 0; j < n;) {
+    for (int j = 0; j < skip; j++) rows[j] = zero;
+    for (int j = skip; j < n;) {
         int64_t pos = p0 + j, in_page = pos % a->page_size;
         int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
         int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
@@ -71,13 +79,17 @@ static void tile_rows(const Args *a, const void *base, const int64_t *pages, int
     }
 }
 
-/* rows[j]: the fp32 K or V row at position p0 + j: the pool's own row for fp32, else the row
- * widened into `buf`. */
+/* rows[j]: the fp32 K or V row at position p0 + j, as tile_rows: the pool's own row for fp32,
+ * else the row widened into `buf`. */
 static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64_t h, int64_t p0,
-                    int n, float *buf, const float **rows) {
+                    int skip, int n, const float *zero, float *buf, const float **rows) {
     const void *at[KT];
-    tile_rows(a, base, pages, h, p0, n, at);
+    tile_rows(a, base, pages, h, p0, skip, n, zero, at);
     for (int j = 0; j < n; j++) {
+        if (j < skip) {
+            rows[j] = zero;
+            continue;
+        }
         if (!a->bf16) {
             rows[j] = (const float *)at[j];
             continue;
@@ -93,6 +105,10 @@ static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define EX_AVX512 1
 #include "extend_avx512.h"
+#if defined(EX_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define EX_AMX 1
+#include "extend_amx.h"
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #define EX_AVX2 1
 #include "extend_avx2.h"
@@ -133,24 +149,29 @@ static void micro_block(const Item *it, int64_t d_len, int64_t v0, int nv, const
 static void load_rows(const Args *a, Item *it, int64_t s, int64_t h, int64_t t0, int64_t num_tok) {
     int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim;
     int64_t num_rows = num_tok * group, start = a->context_lens[s] - a->extend_lens[s];
-    for (int64_t r = 0; r < it->stride; r++) {
-        int64_t real = r < num_rows ? r : num_rows - 1, t = t0 + real / group, g = real % group;
-        int64_t pos = start + t, lo = a->window > 0 ? pos - a->window + 1 : 0;
-        it->pos[r] = (int32_t)pos;
-        it->lo[r] = (int32_t)(lo > 0 ? lo : 0);
-        it->m[r] = -INFINITY;
-        it->l[r] = 0.0f;
-        const float *qr = a->q + (a->row_starts[s] + t) * a->q_stride + (h * group + g) * d_len;
-        float mul = r < num_rows ? a->scale * LOG2E : 0.0f;
-        for (int64_t d = 0; d < d_len; d++) {
-            it->qt[d * it->stride + r] = qr[d] * mul;
-            it->acc[d * it->stride + r] = 0.0f;
+    memset(it->acc, 0, (size_t)(d_len * it->stride) * sizeof(float));
+    for (int64_t r0 = 0; r0 < it->stride; r0 += LANES) {
+        const float *qr[LANES];
+        float mul[LANES];
+        for (int64_t i = 0; i < LANES; i++) {
+            int64_t r = r0 + i, real = r < num_rows ? r : num_rows - 1;
+            int64_t t = t0 + real / group, g = real % group;
+            int64_t pos = start + t, lo = a->window > 0 ? pos - a->window + 1 : 0;
+            it->pos[r] = (int32_t)pos;
+            it->lo[r] = (int32_t)(lo > 0 ? lo : 0);
+            it->m[r] = -INFINITY;
+            it->l[r] = 0.0f;
+            qr[i] = a->q + (a->row_starts[s] + t) * a->q_stride + (h * group + g) * d_len;
+            mul[i] = r < num_rows ? a->scale * LOG2E : 0.0f;
         }
+#ifdef EX_AVX512
+        ex_load_q(it, qr, mul, d_len, r0);
+#else
+        for (int64_t d = 0; d < d_len; d++)
+            for (int64_t i = 0; i < LANES; i++) it->qt[d * it->stride + r0 + i] = qr[i][d] * mul[i];
+#endif
 #ifdef EX_BF16
-        if (a->bf16)
-            for (int64_t d = 0; d < d_len; d += 2)
-                it->qtb[d / 2 * it->stride + r] = (uint32_t)rg_to_bf16(qr[d] * mul) |
-                                                  (uint32_t)rg_to_bf16(qr[d + 1] * mul) << 16;
+        if (a->bf16) ex_pair_q(it, d_len, r0);
 #endif
     }
 }
@@ -179,18 +200,31 @@ static void run_item(const Args *a, Item *it, int64_t s, int64_t h, int64_t t0, 
     int64_t first = it->lo[0], end = (int64_t)it->pos[num_rows - 1] + 1;
     int64_t pos_min = it->pos[0], lo_max = it->lo[num_rows - 1];
     const float *krows[KT], *vrows[KT];
-    /* Tiles on the grid of KT positions from 0; nothing before `first` is read (a window's
-     * pages before it may be invalid ids). */
-    for (int64_t p0 = first / KT * KT; p0 < end; p0 += KT) {
-        int64_t lo = p0 > first ? p0 : first, hi = p0 + KT < end ? p0 + KT : end;
-        int n = (int)(hi - lo);
+    /* Tiles on the grid of KT positions from 0, whole from their start: bf16 products pair
+     * positions 2i and 2i + 1 (and AMX sums 32 at once), so the grouping of a row's keys must
+     * not depend on where its item starts. Positions before `first` are never read (a
+     * window's pages before it may be invalid ids): they take a zero row, masked for every
+     * row. */
+    for (int64_t lo = first / KT * KT; lo < end; lo += KT) {
+        int64_t hi = lo + KT < end ? lo + KT : end;
+        int n = (int)(hi - lo), skip = first > lo ? (int)(first - lo) : 0;
         int masked = hi - 1 > pos_min || lo < lo_max;
 #ifdef EX_BF16
         if (a->bf16) {
             const void *kraw[KT], *vraw[KT];
-            tile_rows(a, a->k, pages, h, lo, n, kraw);
-            tile_rows(a, a->v, pages, h, lo, n, vraw);
+            tile_rows(a, a->k, pages, h, lo, skip, n, it->zero, kraw);
+            tile_rows(a, a->v, pages, h, lo, skip, n, it->zero, vraw);
             ex_pack_v(it, d_len, (const uint16_t *const *)vraw, n);
+#ifdef EX_AMX
+            if (it->amx) {
+                ex_pack_amx(it, d_len, (const uint16_t *const *)kraw, n);
+                for (int64_t v0 = 0; v0 < it->num_vec; v0 += MB) {
+                    int nv = it->num_vec - v0 < MB ? (int)(it->num_vec - v0) : MB;
+                    micro_block_amx(it, d_len, v0, nv, lo, n, masked);
+                }
+                continue;
+            }
+#endif
             for (int64_t v0 = 0; v0 < it->num_vec; v0 += MB) {
                 int nv = it->num_vec - v0 < MB ? (int)(it->num_vec - v0) : MB;
                 micro_block_bf16(it, d_len, v0, nv, (const uint16_t *const *)kraw, lo, n, masked);
@@ -198,8 +232,8 @@ static void run_item(const Args *a, Item *it, int64_t s, int64_t h, int64_t t0, 
             continue;
         }
 #endif
-        kv_tile(a, a->k, pages, h, lo, n, it->kbuf, krows);
-        kv_tile(a, a->v, pages, h, lo, n, it->vbuf, vrows);
+        kv_tile(a, a->k, pages, h, lo, skip, n, it->zero, it->kbuf, krows);
+        kv_tile(a, a->v, pages, h, lo, skip, n, it->zero, it->vbuf, vrows);
         for (int64_t v0 = 0; v0 < it->num_vec; v0 += MB) {
             int nv = it->num_vec - v0 < MB ? (int)(it->num_vec - v0) : MB;
             micro_block(it, d_len, v0, nv, krows, vrows, lo, n, masked);
@@ -213,18 +247,32 @@ static void *zalloc(size_t bytes) {
     return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
 }
 
+static int64_t count_items(const Args *a, int64_t qb) {
+    int64_t num_items = 0;
+    for (int64_t s = 0; s < a->num_seqs; s++)
+        num_items += a->num_kv_heads * ((a->extend_lens[s] + qb - 1) / qb);
+    return num_items;
+}
+
 /* Returns 0, or -1 when out of memory. */
 static int run(const Args *a, int num_threads) {
     int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim, num_items = 0;
+    /* The largest blocks that still give every thread four items. A row's bits do not depend
+     * on its block: its lanes are its own, and tiles sit on the grid of absolute positions. */
+    int64_t qb = QB_MAX;
+    while (qb > QB_MIN && count_items(a, qb) < 4 * (int64_t)num_threads) qb /= 2;
     int64_t *item_start = malloc((size_t)(a->num_seqs + 1) * sizeof(int64_t));
     if (!item_start) return -1;
     for (int64_t s = 0; s < a->num_seqs; s++) {
         item_start[s] = num_items;
-        num_items += a->num_kv_heads * ((a->extend_lens[s] + QB - 1) / QB);
+        num_items += a->num_kv_heads * ((a->extend_lens[s] + qb - 1) / qb);
     }
     item_start[a->num_seqs] = num_items;
-    int64_t max_vec = (QB * group + LANES - 1) / LANES, stride = max_vec * LANES;
-    int failed = 0;
+    int64_t max_vec = (qb * group + LANES - 1) / LANES, stride = max_vec * LANES;
+    int failed = 0, use_amx = 0;
+#ifdef EX_AMX
+    use_amx = a->bf16 && d_len % 32 == 0 && amx_permitted();
+#endif
 #pragma omp parallel num_threads(num_threads)
     {
         /* Per thread: buffers for the largest item. */
@@ -241,27 +289,40 @@ static int run(const Args *a, int num_threads) {
         it.qtb = zalloc((size_t)(d_len / 2 * stride) * sizeof(uint32_t));
         it.vp = zalloc((size_t)(KT / 2 * d_len) * sizeof(uint32_t));
         it.sb = zalloc((size_t)(KT / 2 * MB * LANES) * sizeof(uint32_t));
+        it.kc = zalloc((size_t)(KT * d_len) * sizeof(uint16_t));
+        it.vt = zalloc((size_t)(d_len * KT / 2) * sizeof(uint32_t));
+        it.ob = zalloc((size_t)(64 * LANES) * sizeof(float));
+        it.zero = zalloc((size_t)d_len * sizeof(float));
+        if (it.zero) memset(it.zero, 0, (size_t)d_len * sizeof(float));
+        it.amx = use_amx;
         int ok = it.pos && it.lo && it.qt && it.acc && it.m && it.l && it.kbuf && it.vbuf && it.s
-                 && it.qtb && it.vp && it.sb;
+                 && it.qtb && it.vp && it.sb && it.kc && it.vt && it.ob && it.zero;
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
+#ifdef EX_AMX
+        if (use_amx) amx_configure();
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_items; item++) {
             if (!ok) continue;
             int64_t s = 0;
             while (item_start[s + 1] <= item) s++;
-            int64_t blocks = (a->extend_lens[s] + QB - 1) / QB, local = item - item_start[s];
+            int64_t blocks = (a->extend_lens[s] + qb - 1) / qb, local = item - item_start[s];
             /* Later blocks first: they see the most keys. */
             int64_t h = local % a->num_kv_heads, b = blocks - 1 - local / a->num_kv_heads;
-            int64_t t0 = b * QB, num_tok = a->extend_lens[s] - t0 < QB ? a->extend_lens[s] - t0 : QB;
+            int64_t t0 = b * qb, num_tok = a->extend_lens[s] - t0 < qb ? a->extend_lens[s] - t0 : qb;
             it.num_vec = (num_tok * group + LANES - 1) / LANES;
             it.stride = it.num_vec * LANES;
             run_item(a, &it, s, h, t0, num_tok);
         }
+#ifdef EX_AMX
+        if (use_amx) _tile_release();
+#endif
         free(it.pos); free(it.lo); free(it.qt); free(it.acc); free(it.m); free(it.l);
         free(it.kbuf); free(it.vbuf); free(it.s); free(it.qtb); free(it.vp); free(it.sb);
+        free(it.kc); free(it.vt); free(it.ob); free(it.zero);
     }
     free(item_start);
     return failed ? -1 : 0;
@@ -301,7 +362,9 @@ static PyObject *extend_attention(PyObject *self, PyObject *args) {
 static PyObject *simd(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-#if defined(EX_BF16)
+#if defined(EX_AMX)
+    return PyUnicode_FromString("amx");
+#elif defined(EX_BF16)
     return PyUnicode_FromString("avx512_bf16");
 #elif defined(EX_AVX512)
     return PyUnicode_FromString("avx512");

@@ -23,8 +23,18 @@ ROOT = Path(__file__).resolve().parents[3]
 INCLUDES = (ROOT / "engine/csrc", ROOT / "engine/attention/csrc")
 # setup.py's COMPILE_ARGS with -march left to the variant.
 FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
-# What each -march needs of this CPU (torch's capability names it by its widest vectors).
-NEEDS = {"x86-64-v3": ("AVX2", "AVX512"), "icelake-server": ("AVX512",)}
+# What each -march needs of this CPU (torch's capability names it by its widest vectors), and
+# the /proc/cpuinfo flag beyond that.
+NEEDS = {"x86-64-v3": ("AVX2", "AVX512"), "icelake-server": ("AVX512",),
+         "cooperlake": ("AVX512",)}
+NEEDS_FLAG = {"cooperlake": "avx512_bf16"}
+
+
+def _has_flag(flag: str) -> bool:
+    try:
+        return flag in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
 
 
 @functools.cache
@@ -34,7 +44,8 @@ def build_variant(source: Path, march: str) -> ModuleType | str:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if platform.machine() not in ("x86_64", "AMD64") or compiler is None:
         return "needs an x86-64 machine with a C compiler"
-    if march in NEEDS and torch.backends.cpu.get_cpu_capability() not in NEEDS[march]:
+    if ((march in NEEDS and torch.backends.cpu.get_cpu_capability() not in NEEDS[march])
+            or (march in NEEDS_FLAG and not _has_flag(NEEDS_FLAG[march]))):
         return f"this CPU cannot run -march={march}"
     name = f"_{source.stem}"
     headers = sorted(p for d in INCLUDES for p in d.glob("*.h"))

@@ -4,10 +4,11 @@ order (prefills from position 0, chunks after a cached prefix, many sequences in
 grouped heads of 32/64/80/128 dims, windows and sinks), torch_sdpa through the "cpu" backend
 with decodes and verifications in the same batch, and greedy engine output.
 
-Each kernel test runs on four builds of the source: the installed one (-march=native: bf16
-dot products for a bf16 pool where the CPU has them), one for Ice Lake (AVX-512 without bf16:
-fp32 FMAs, a bf16 pool widened), one for x86-64-v3 (AVX2, as Zen 3 runs it) and one for
-x86-64-v2 (the portable C)."""
+Each kernel test runs on five builds of the source: the installed one (-march=native: AMX tiles
+for a bf16 pool on a Xeon that has them), one for Cooper Lake (AVX512-BF16 dot products without
+AMX, as Zen 4 runs it), one for Ice Lake (AVX-512 without bf16: fp32 FMAs, a bf16 pool
+widened), one for x86-64-v3 (AVX2, as Zen 3 runs it) and one for x86-64-v2 (the portable C).
+A build this CPU cannot run is skipped."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from tests.engine.attention.test_cpu_paged import config, make_batch
 from tests.engine.attention.test_cpu_paged_spec import Batch
 
 SOURCE = ROOT / "engine/attention/csrc/extend_cpu.c"
-BUILDS = ("native", "icelake-server", "x86-64-v3", "x86-64-v2")
+BUILDS = ("native", "cooperlake", "icelake-server", "x86-64-v3", "x86-64-v2")
 # A prefill from 0, chunks after cached prefixes (tiles cut mid-page and mid-tile), a long
 # delta, single-token and tiny contexts.
 SEQS = [(40, 40), (100, 700), (33, 1301), (257, 3000), (17, 17), (1, 65), (64, 192)]
@@ -120,6 +121,27 @@ def test_pages_before_the_window_are_never_read(build: str, dtype: torch.dtype) 
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), batch.reference(None, window).float(),
                                atol=tolerance(dtype), rtol=tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_bits_do_not_depend_on_its_chunk(build: str, dtype: torch.dtype) -> None:
+    """Prefill chunked three ways (one extend, three chunks, chunks beside another sequence)
+    gives every row the same bits: its lanes are its own and the key tiles sit on a grid of
+    absolute positions, whatever block or item it fell in."""
+    gen = torch.Generator().manual_seed(9)
+    whole = ExtendBatch([(200, 1000)], (9, 3, 64), 16, dtype, gen)
+    sinks = torch.randn(9, generator=gen)
+    want = whole.run(window=300, sinks=sinks)
+    for cuts in ([0, 37, 100, 200], [0, 1, 17, 200], [0, 150, 200]):
+        pieces = []
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            piece = ExtendBatch([(1, 1)], (9, 3, 64), 16, dtype, gen)
+            piece.k, piece.v, piece.tables = whole.k, whole.v, whole.tables
+            piece.q = whole.q[lo:hi]
+            piece.row_starts = torch.tensor([0, hi - lo])
+            piece.context_lens = torch.tensor([1000 - 200 + hi])
+            pieces.append(piece.run(window=300, sinks=sinks))
+        assert torch.equal(torch.cat(pieces), want), cuts
 
 
 def test_rows_of_other_sequences_are_not_written(build: str) -> None:
