@@ -61,6 +61,12 @@ _AUTO_DTYPE = {
 # extends' projections as int8 GEMMs on the GGUF's codes (engine.models.int8_gemm).
 _AVX512_VNNI = DtypeChoice("int8", "AVX512-VNNI without bf16 (Ice Lake): int8 projections on "
                                    "the GGUF's codes for extends, fp32 elsewhere")
+# AVX2 with AVX-VNNI and no AVX-512 (Intel's E-core Xeons such as Sierra Forest): the same int8
+# GEMMs on 256-bit vpdpbusd.
+_AVX_VNNI = DtypeChoice("int8", "AVX-VNNI without AVX-512: int8 projections on the GGUF's codes "
+                                "for extends prefill 1.55x / 1.29x fp32 at 512 / 2048 tokens "
+                                "(AVX2 builds with AVX-VNNI on an AMX Xeon, oneDNN capped to "
+                                "AVX2), fp32 elsewhere")
 
 
 def _cap() -> str | None:
@@ -109,6 +115,8 @@ def auto_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, DtypeChoice]
     name = cpu_class(cpuinfo)
     if name == "avx512" and "avx512_vnni" in flags(cpuinfo):
         return name, _AVX512_VNNI
+    if name == "avx2" and "avx_vnni" in flags(cpuinfo):
+        return name, _AVX_VNNI
     return name, _AUTO_DTYPE[name]
 
 

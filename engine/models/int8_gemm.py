@@ -33,10 +33,10 @@ def kernel() -> ModuleType | None:
 
 @functools.cache
 def has_vnni() -> bool:
-    """Whether the kernel was built with AVX512-VNNI (its fast path; the portable build gives
-    the same bits, slowly, and serves only tests)."""
+    """Whether the kernel was built with AVX512-VNNI or AVX-VNNI (its fast paths; the portable
+    build gives the same bits, slowly, and serves only tests)."""
     ext = kernel()
-    return ext is not None and ext.simd() == "avx512_vnni"
+    return ext is not None and ext.simd() in ("avx512_vnni", "avx_vnni")
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,8 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     path = resolve_model_path(model)
     torch_dtype = parse_dtype(dtype)
     if dtype == INT8 and not int8_gemm.has_vnni():
-        raise InvalidRequest("--dtype int8 needs a CPU with AVX512-VNNI and the int8 kernel "
+        raise InvalidRequest("--dtype int8 needs a CPU with VNNI (AVX512-VNNI or AVX-VNNI) "
+                             "and the int8 kernel "
                              f"built for it (built: {kernel_simd()}); use --dtype fp32")
     started = time.perf_counter()
     if show_progress:

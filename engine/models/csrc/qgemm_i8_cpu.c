@@ -14,7 +14,7 @@
  *       sum x w ~ dw * dx * sum(c * (xq + 128)) + (-128 * dw * sum(c)) * dx
  * The second term's weight factor is `mw` (the offset, or -128 dw sum(c) precomputed) and its
  * row factor is `xs2` (the exact fp32 block sum of x, or dx). Blocks are added in order with
- * fused multiply-adds, so the AVX512-VNNI path and the portable one give the same bits.
+ * fused multiply-adds, so the AVX512-VNNI, AVX-VNNI and portable paths give the same bits.
  *
  * Layouts (engine/models/int8_gemm.py builds them), nb = k / 32 blocks a row of W, n % 16 == 0:
  *   W: (n / 16, nb, 8, 16, 4) bytes: 16 outputs x 4 consecutive k per 64-byte vector, the
@@ -31,6 +31,11 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define QG_VNNI512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__AVXVNNI__)
+/* AVX-VNNI: vpdpbusd on 256-bit vectors, without AVX-512 (Intel's E-core Xeons such as Sierra
+ * Forest, client cores since Alder Lake). */
+#include <immintrin.h>
+#define QG_VNNI256 1
 #endif
 
 #define QK 32       /* k a block */
@@ -175,6 +180,66 @@ static void tile_any(const Args *a, int64_t r0, int R, int64_t t0, int T) {
     default: tile(a, r0, 1, t0, 1); return;
     }
 }
+#elif defined(QG_VNNI256)
+/* Rows r0..r0+R-1 by the 16 outputs of tile t (two 8-lane halves of each 64-byte W vector),
+ * over every block: the AVX512-VNNI tile's sums, 256 bits at a time. */
+static inline __attribute__((always_inline)) void tile256(const Args *a, int64_t r0, const int R,
+                                                          int64_t t) {
+    const int64_t nb = a->k / QK, k = a->k;
+    __m256 f[MR][2];
+    for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i acc[MR][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        const uint8_t *wb = a->w + (t * nb + b) * TILE_BYTES;
+        const uint8_t *xb = a->xq + r0 * k + b * QK;
+        for (int s = 0; s < QK / 4; s++) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wb + s * 64));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wb + s * 64 + 32));
+            for (int r = 0; r < R; r++) {
+                int32_t four;
+                memcpy(&four, xb + r * k + s * 4, 4);
+                const __m256i xv = _mm256_set1_epi32(four);
+                if (a->fmt == FMT_Q4) {
+                    acc[r][0] = _mm256_dpbusd_avx_epi32(acc[r][0], w0, xv);
+                    acc[r][1] = _mm256_dpbusd_avx_epi32(acc[r][1], w1, xv);
+                } else {
+                    acc[r][0] = _mm256_dpbusd_avx_epi32(acc[r][0], xv, w0);
+                    acc[r][1] = _mm256_dpbusd_avx_epi32(acc[r][1], xv, w1);
+                }
+            }
+        }
+        const float *dw = a->dw + (t * nb + b) * TILE, *mw = a->mw + (t * nb + b) * TILE;
+        for (int h = 0; h < 2; h++) {
+            const __m256 dwv = _mm256_loadu_ps(dw + 8 * h), mwv = _mm256_loadu_ps(mw + 8 * h);
+            for (int r = 0; r < R; r++) {
+                const int64_t rb = (r0 + r) * nb + b;
+                const __m256 scale = _mm256_mul_ps(dwv, _mm256_set1_ps(a->dx[rb]));
+                const __m256i dot = _mm256_sub_epi32(acc[r][h], _mm256_set1_epi32(a->xsub[rb]));
+                f[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, f[r][h]);
+                f[r][h] = _mm256_fmadd_ps(mwv, _mm256_set1_ps(a->xs2[rb]), f[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) {
+            float *y = a->y + (r0 + r) * a->n + t * TILE + 8 * h;
+            const __m256 v = a->accumulate ? _mm256_add_ps(_mm256_loadu_ps(y), f[r][h])
+                                           : f[r][h];
+            _mm256_storeu_ps(y, v);
+        }
+}
+
+static void tile_any(const Args *a, int64_t r0, int R, int64_t t0, int T) {
+    for (int64_t t = t0; t < t0 + T; t++) {
+        switch (R) {
+        case 4: tile256(a, r0, 4, t); break;
+        case 3: tile256(a, r0, 3, t); break;
+        case 2: tile256(a, r0, 2, t); break;
+        default: tile256(a, r0, 1, t); break;
+        }
+    }
+}
 #else
 /* The portable path: the same sums in the same order. */
 static void tile_any(const Args *a, int64_t r0, int R, int64_t t0, int T) {
@@ -267,8 +332,10 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_simd(PyObject *self, PyObject *args) {
-#ifdef QG_VNNI512
+#if defined(QG_VNNI512)
     return PyUnicode_FromString("avx512_vnni");
+#elif defined(QG_VNNI256)
+    return PyUnicode_FromString("avx_vnni");
 #else
     return PyUnicode_FromString("portable");
 #endif

@@ -38,18 +38,20 @@ def _has_flag(flag: str) -> bool:
 
 
 @functools.cache
-def build_variant(source: Path, march: str) -> ModuleType | str:
-    """The kernel in `source` (its module is "_" + its stem) built with -march=`march`, or why
-    it could not be."""
+def build_variant(source: Path, march: str, extra: tuple[str, ...] = (),
+                  needs_flag: str | None = None) -> ModuleType | str:
+    """The kernel in `source` (its module is "_" + its stem) built with -march=`march` and the
+    `extra` compiler flags, or why it could not be (also when this CPU lacks `needs_flag`)."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if platform.machine() not in ("x86_64", "AMD64") or compiler is None:
         return "needs an x86-64 machine with a C compiler"
     if ((march in NEEDS and torch.backends.cpu.get_cpu_capability() not in NEEDS[march])
-            or (march in NEEDS_FLAG and not _has_flag(NEEDS_FLAG[march]))):
-        return f"this CPU cannot run -march={march}"
+            or (march in NEEDS_FLAG and not _has_flag(NEEDS_FLAG[march]))
+            or (needs_flag is not None and not _has_flag(needs_flag))):
+        return f"this CPU cannot run -march={march} {' '.join(extra)}"
     name = f"_{source.stem}"
     headers = sorted(p for d in INCLUDES for p in d.glob("*.h"))
-    digest = hashlib.sha256(f"{march} {FLAGS} {sys.version}".encode())
+    digest = hashlib.sha256(f"{march} {extra} {FLAGS} {sys.version}".encode())
     for path in (source, *headers):
         digest.update(path.read_bytes())
     folder = Path(tempfile.gettempdir()) / f"radixgate{name}-{march}-{digest.hexdigest()[:16]}"
@@ -57,7 +59,7 @@ def build_variant(source: Path, march: str) -> ModuleType | str:
     if not library.exists():
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f"build-{os.getpid()}.so"  # renamed into place: parallel runs race
-        cmd = [compiler, *FLAGS, f"-march={march}", *(f"-I{d}" for d in INCLUDES),
+        cmd = [compiler, *FLAGS, f"-march={march}", *extra, *(f"-I{d}" for d in INCLUDES),
                f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(partial)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:

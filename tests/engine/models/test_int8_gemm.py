@@ -1,6 +1,7 @@
 """The int8 GEMM of extends (engine.models.int8_gemm): its weights are the GGUF codes exactly,
-the kernel's bits equal a step-for-step torch emulation on every build (AVX512-VNNI and the
-portable one: tests/engine/test_isa_paths.py runs this file on the capped builds), and its
+the kernel's bits equal a step-for-step torch emulation on every build (AVX512-VNNI, AVX-VNNI
+built here where the CPU has it, and the portable one: tests/engine/test_isa_paths.py runs this
+file on the capped builds), and its
 drift from the fp32 GEMM is the activations' rounding; a tiny model's extends on it stay near
 the dense model."""
 
@@ -29,6 +30,7 @@ from engine.models.int8_gemm import (
 from engine.models.loader import LoadedModel
 from engine.models.quant import PackedWeight, pack_ggml
 from engine.models.weights import PackedWeights
+from tests.engine.attention.kernel_builds import ROOT, build_variant
 from tests.engine.models.test_kquant import random_blocks
 
 pytestmark = pytest.mark.skipif(int8_gemm.kernel() is None, reason="the int8 kernel is not built")
@@ -103,6 +105,22 @@ def test_kernel_bits_equal_the_emulation(qtype: GGMLQuantizationType, num_rows: 
     got = int8_linear(x, weight, num_threads=num_threads)
     assert got.shape == (num_rows, 48) and got.dtype == torch.float32
     assert torch.equal(got, reference(x, weight))
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_avx_vnni_build_bits_equal_the_emulation(qtype: GGMLQuantizationType,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 256-bit vpdpbusd path (AVX2 with AVX-VNNI, no AVX-512) on this CPU, built here."""
+    module = build_variant(ROOT / "engine/models/csrc/qgemm_i8_cpu.c", "x86-64-v3",
+                           ("-mavxvnni",), "avx_vnni")
+    if isinstance(module, str):
+        pytest.skip(module)
+    assert module.simd() == "avx_vnni"
+    monkeypatch.setattr(int8_gemm, "kernel", lambda: module)
+    weight = Int8Weight.from_packed(packed(64, 512, qtype, seed=3))
+    assert weight is not None
+    x = torch.randn(37, 512)
+    torch.testing.assert_close(int8_linear(x, weight), reference(x, weight), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -207,3 +225,17 @@ def test_auto_dtype_takes_int8_on_avx512_vnni_without_bf16(
     assert cpu_isa.auto_dtype(cpuinfo)[1].dtype == "fp32"
     cpuinfo.write_text(f"flags\t\t: {avx512} avx512_vnni avx512_bf16\n")
     assert cpu_isa.auto_dtype(cpuinfo)[1].dtype == "mixed"
+
+
+def test_auto_dtype_takes_int8_on_avx_vnni_without_avx512(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpu_isa.CAP_ENV, raising=False)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu sse2 avx2 fma avx_vnni\n")
+    assert cpu_isa.auto_dtype(cpuinfo) == ("avx2", cpu_isa._AVX_VNNI)
+    cpuinfo.write_text("flags\t\t: fpu sse2 avx2 fma\n")  # Zen 3
+    assert cpu_isa.auto_dtype(cpuinfo)[1].dtype == "fp32"
+    # Capped below avx2, the flag goes with the class.
+    cpuinfo.write_text("flags\t\t: fpu sse2 avx2 fma avx_vnni\n")
+    monkeypatch.setenv(cpu_isa.CAP_ENV, "baseline")
+    assert cpu_isa.auto_dtype(cpuinfo)[1].dtype == "fp32"
