@@ -8,29 +8,18 @@
 #define RADIXGATE_EXTEND_AVX2_H
 
 #include <immintrin.h>
+#include "simd_exp.h"
 
 #define JN2 4  /* keys a score pass takes together */
 #define DN2 4  /* dims an output pass takes together (head_dim is a multiple of 8) */
 
-/* 2^x on eight lanes for x <= 0, exactly 0 below -126 (-inf included): x = n + f, n the nearest
- * integer, 2^f = e^(f ln 2) by its degree-7 Taylor series, 2^n put in the exponent bits. */
+/* 2^x on eight lanes for x <= 0, exactly 0 below -126 (-inf included): simd_exp.h's e^x of
+ * x ln 2, whose own clamp would leave ~1e-38 where a masked key must weigh nothing. */
 static inline __m256 ex_exp2_8(__m256 x) {
-    const __m256 floor_x = _mm256_set1_ps(-126.0f);
-    __m256 keep = _mm256_cmp_ps(x, floor_x, _CMP_GE_OQ);
-    x = _mm256_max_ps(x, floor_x);
-    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));
-    __m256 p = _mm256_set1_ps(1.9841270e-4f);
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.3888889e-3f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(8.3333333e-3f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(4.1666667e-2f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.6666667e-1f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                      _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
+    __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
+    __m256 y = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)),
+                             _mm256_set1_ps(0.6931471805599453f));
+    return _mm256_and_ps(rg_exp8(y), keep);
 }
 
 /* s[j][half h] = q^T rows of the 16-row vector at `row0` . k[j] for NK keys from j0. */

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,3 +72,17 @@ def build_variant(source: Path, march: str, extra: tuple[str, ...] = (),
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def use_build(build: str, owner: ModuleType, source: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Routes `owner.kernel()` to `build` of `source` for one test ("native": the installed
+    one); skips the test where that build cannot be made or run here."""
+    if build == "native":
+        if owner.kernel() is None:
+            pytest.skip(f"{source.name} is not built")
+        return build
+    module = build_variant(source, build)
+    if isinstance(module, str):
+        pytest.skip(module)
+    monkeypatch.setattr(owner, "kernel", lambda: module)
+    return build

@@ -29,7 +29,7 @@ from engine.kv_pool import KVLayout, KVPool
 from engine.models.loader import LoadedModel
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
-from tests.engine.attention.kernel_builds import ROOT, build_variant
+from tests.engine.attention.kernel_builds import ROOT, use_build
 from tests.engine.attention.test_cpu_paged import config, make_batch
 from tests.engine.attention.test_cpu_paged_spec import Batch
 
@@ -43,15 +43,7 @@ SEQS = [(40, 40), (100, 700), (33, 1301), (257, 3000), (17, 17), (1, 65), (64, 1
 @pytest.fixture(params=BUILDS)
 def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Routes paged_extend to one build of the kernel."""
-    if request.param == "native":
-        if cpu_extend.kernel() is None:
-            pytest.skip("the extend kernel is not built")
-        return "native"
-    module = build_variant(SOURCE, request.param)
-    if isinstance(module, str):
-        pytest.skip(module)
-    monkeypatch.setattr(cpu_extend, "kernel", lambda: module)
-    return str(request.param)
+    return use_build(str(request.param), cpu_extend, SOURCE, monkeypatch)
 
 
 class ExtendBatch(Batch):

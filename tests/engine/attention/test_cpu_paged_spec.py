@@ -12,7 +12,6 @@ into a cache under the temp dir (about a second each)."""
 from __future__ import annotations
 
 import copy
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,28 +19,16 @@ import torch
 
 from engine.attention import cpu_paged
 from engine.attention.cpu_paged import paged_attention
-from tests.engine.attention.kernel_builds import ROOT, build_variant
+from tests.engine.attention.kernel_builds import ROOT, use_build
 
 SOURCE = ROOT / "engine/attention/csrc/paged_cpu.c"
 BUILDS = ("native", "x86-64-v3", "x86-64")
 
 
-def compiled(march: str) -> ModuleType | str:
-    return build_variant(SOURCE, march)
-
-
 @pytest.fixture(params=BUILDS)
 def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Routes paged_attention to one build of the kernel."""
-    if request.param == "native":
-        if cpu_paged.kernel() is None:
-            pytest.skip("the CPU kernel is not built")
-        return "native"
-    module = compiled(request.param)
-    if isinstance(module, str):
-        pytest.skip(module)
-    monkeypatch.setattr(cpu_paged, "kernel", lambda: module)
-    return str(request.param)
+    return use_build(str(request.param), cpu_paged, SOURCE, monkeypatch)
 
 
 class Batch:
