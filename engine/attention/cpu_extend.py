@@ -68,18 +68,27 @@ def _override() -> str | None:
 
 
 @functools.cache
-def extend_choice(pool_dtype: torch.dtype) -> tuple[bool, str]:
-    """(whether long extends over a `pool_dtype` pool run the C kernel, why), logged once."""
+def extend_choice(pool_dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
+    """(whether long extends over a `pool_dtype` pool of `head_dim` heads run the C kernel,
+    why), logged once per pair."""
     ext = kernel()
     override = _override()
+    simd = ext.simd() if ext is not None else ""
     if ext is None:
         use, why = False, "the C extend kernel is not built"
+    elif head_dim % 8:
+        use, why = False, f"head_dim {head_dim} is not a multiple of 8"
     elif override is not None:
         use, why = override == "c", f"{CHOICE_ENV}={override}"
+    elif simd == "amx" and pool_dtype == _BF16 and head_dim % 32:
+        # AMX tiles take 32 dims a step; other heads take the AVX512-BF16 dot products, which
+        # torch's AMX flash kernel outruns.
+        use, why = False, f"AMX tiles need head_dim % 32 == 0 (head_dim {head_dim})"
     else:
-        use, why = _TABLE.get((ext.simd(), pool_dtype),
-                              (False, f"not measured faster for {ext.simd()} kernels"))
-    logger.info("extend attention over a %s pool: %s (%s)", str(pool_dtype).removeprefix("torch."),
+        use, why = _TABLE.get((simd, pool_dtype),
+                              (False, f"not measured faster for {simd} kernels"))
+    logger.info("extend attention over a %s pool, head_dim %d: %s (%s)",
+                str(pool_dtype).removeprefix("torch."), head_dim,
                 "C kernel" if use else "torch flash", why)
     return use, why
 

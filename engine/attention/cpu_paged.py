@@ -180,7 +180,7 @@ class CpuPagedAttention:
         self.long_items = [i for i, n in enumerate(batch.extend_lens) if n > max_rows]
         # The C extend kernel's index over the long sequences (None: torch's flash path).
         self.extend_index: ExtendIndex | None = None
-        if self.long_items and layer.shape[-1] % 8 == 0 and extend_choice(layer.dtype)[0]:
+        if self.long_items and extend_choice(layer.dtype, layer.shape[-1])[0]:
             self.extend_index = self._index(self.long_items)
         offsets = torch.arange(page_size)
         self.long_slots = {

@@ -157,7 +157,7 @@ def test_rows_of_other_sequences_are_not_written(build: str) -> None:
 @pytest.fixture
 def c_extends(monkeypatch: pytest.MonkeyPatch) -> None:
     """The "cpu" backend sends long extends to the C kernel whatever the table says."""
-    monkeypatch.setattr(cpu_paged, "extend_choice", lambda dtype: (True, "test"))
+    monkeypatch.setattr(cpu_paged, "extend_choice", lambda dtype, head_dim: (True, "test"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -215,16 +215,42 @@ def test_choice_is_logged_and_can_be_overridden(monkeypatch: pytest.MonkeyPatch,
     extend_choice.cache_clear()
     monkeypatch.setenv(cpu_extend.CHOICE_ENV, "torch")
     with caplog.at_level(logging.INFO, logger="engine.attention.cpu_extend"):
-        assert extend_choice(torch.float32) == (False, f"{cpu_extend.CHOICE_ENV}=torch")
-    assert "extend attention over a float32 pool: torch flash" in caplog.text
+        assert extend_choice(torch.float32, 64) == (False, f"{cpu_extend.CHOICE_ENV}=torch")
+    assert "extend attention over a float32 pool, head_dim 64: torch flash" in caplog.text
     extend_choice.cache_clear()
     monkeypatch.setenv(cpu_extend.CHOICE_ENV, "c")
-    assert extend_choice(torch.bfloat16)[0] is True
+    assert extend_choice(torch.bfloat16, 64)[0] is True
+    assert extend_choice(torch.bfloat16, 60) == (False, "head_dim 60 is not a multiple of 8")
     extend_choice.cache_clear()
     monkeypatch.setenv(cpu_extend.CHOICE_ENV, "fast")
     with pytest.raises(InvalidRequest, match="use c, torch or auto"):
-        extend_choice(torch.float32)
+        extend_choice(torch.float32, 64)
     extend_choice.cache_clear()
+
+
+@pytest.mark.parametrize(("simd", "dtype", "head_dim", "use"), [
+    ("amx", torch.bfloat16, 64, True),
+    ("amx", torch.bfloat16, 80, False),  # AMX needs 32 dims a step; dpbf16 is slower here
+    ("amx", torch.float32, 80, True),
+    ("avx512_bf16", torch.bfloat16, 64, False),
+    ("avx512", torch.bfloat16, 64, True),
+    ("avx2", torch.float32, 128, True),
+    ("portable", torch.float32, 64, False),
+])
+def test_table_by_build_dtype_and_head_dim(simd: str, dtype: torch.dtype, head_dim: int,
+                                           use: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Build:
+        @staticmethod
+        def simd() -> str:
+            return simd
+
+    monkeypatch.delenv(cpu_extend.CHOICE_ENV, raising=False)
+    monkeypatch.setattr(cpu_extend, "kernel", lambda: Build)
+    extend_choice.cache_clear()
+    try:
+        assert extend_choice(dtype, head_dim)[0] is use
+    finally:
+        extend_choice.cache_clear()
 
 
 def test_bad_arguments_are_refused() -> None:
