@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c engine/atten
 		engine/csrc/simd_exp.h engine/csrc/bf16.h \
 		engine/attention/csrc/paged_avx512.h engine/attention/csrc/extend_avx512.h \
 		engine/attention/csrc/extend_avx2.h engine/attention/csrc/extend_amx.h \
-		engine/attention/csrc/extend_bf16.h engine/attention/csrc/extend_common.h
+		engine/attention/csrc/extend_bf16.h engine/attention/csrc/extend_common.h \
+		engine/attention/csrc/paged_rows.h
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)

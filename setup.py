@@ -17,7 +17,7 @@ from setuptools import Extension, setup
 HEADERS = ["engine/csrc/simd_exp.h", "engine/csrc/bf16.h", "engine/attention/csrc/paged_avx512.h",
            "engine/attention/csrc/extend_avx512.h", "engine/attention/csrc/extend_avx2.h",
            "engine/attention/csrc/extend_amx.h", "engine/attention/csrc/extend_bf16.h",
-           "engine/attention/csrc/extend_common.h"]
+           "engine/attention/csrc/extend_common.h", "engine/attention/csrc/paged_rows.h"]
 COMPILE_ARGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11"]
 
 

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "paged_rows.h"
 
 #define KT 64      /* keys per tile */
 #define LANES 16   /* query rows per vector */
@@ -50,16 +51,9 @@ typedef struct {
  * not read. */
 static void tile_rows(const Args *a, const void *base, const int64_t *pages, int64_t h,
                       int64_t p0, int skip, int n, const void *zero, const void **rows) {
-    int64_t elem = a->bf16 ? 2 : 4, stride = a->num_kv_heads * a->head_dim;
     for (int j = 0; j < skip; j++) rows[j] = zero;
-    for (int j = skip; j < n;) {
-        int64_t pos = p0 + j, in_page = pos % a->page_size;
-        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
-        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
-                       + h) * a->head_dim;
-        for (int64_t i = 0; i < run; i++, j++, off += stride)
-            rows[j] = (const char *)base + off * elem;
-    }
+    rg_paged_rows(base, a->bf16 ? 2 : 4, a->page_size, a->num_kv_heads, a->head_dim, pages, h,
+                  p0 + skip, n - skip, rows + skip);
 }
 
 /* rows[j]: the fp32 K or V row at position p0 + j, as tile_rows: the pool's own row for fp32,

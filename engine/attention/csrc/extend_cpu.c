@@ -143,10 +143,14 @@ static void *zalloc(size_t bytes) {
     return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
 }
 
+/* Blocks of at most qb tokens in sequence s. */
+static int64_t num_blocks(const Args *a, int64_t s, int64_t qb) {
+    return (a->extend_lens[s] + qb - 1) / qb;
+}
+
 static int64_t count_items(const Args *a, int64_t qb) {
     int64_t num_items = 0;
-    for (int64_t s = 0; s < a->num_seqs; s++)
-        num_items += a->num_kv_heads * ((a->extend_lens[s] + qb - 1) / qb);
+    for (int64_t s = 0; s < a->num_seqs; s++) num_items += a->num_kv_heads * num_blocks(a, s, qb);
     return num_items;
 }
 
@@ -161,7 +165,7 @@ static int run(const Args *a, int num_threads) {
     if (!item_start) return -1;
     for (int64_t s = 0; s < a->num_seqs; s++) {
         item_start[s] = num_items;
-        num_items += a->num_kv_heads * ((a->extend_lens[s] + qb - 1) / qb);
+        num_items += a->num_kv_heads * num_blocks(a, s, qb);
     }
     item_start[a->num_seqs] = num_items;
     int64_t max_vec = (qb * group + LANES - 1) / LANES, stride = max_vec * LANES;
@@ -205,7 +209,7 @@ static int run(const Args *a, int num_threads) {
             if (!ok) continue;
             int64_t s = 0;
             while (item_start[s + 1] <= item) s++;
-            int64_t blocks = (a->extend_lens[s] + qb - 1) / qb, local = item - item_start[s];
+            int64_t blocks = num_blocks(a, s, qb), local = item - item_start[s];
             /* Later blocks first: they see the most keys. */
             int64_t h = local % a->num_kv_heads, b = blocks - 1 - local / a->num_kv_heads;
             int64_t t0 = b * qb, num_tok = a->extend_lens[s] - t0 < qb ? a->extend_lens[s] - t0 : qb;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
+#include "paged_rows.h"
 
 #define TILE 64         /* positions scored at a time */
 #define MAX_HEAD_DIM 256
@@ -82,16 +83,8 @@ static void row_span(const Args *a, int64_t s, int64_t t, int64_t p0, int n, int
  * `pages`) lies in the pool, j < n <= TILE. */
 static void tile_rows(const Args *a, const void *base, const int64_t *pages, int64_t h,
                       int64_t p0, int n, const void **rows) {
-    int64_t elem = a->bf16 ? 2 : 4, stride = a->num_kv_heads * a->head_dim;
-    for (int j = 0; j < n;) {
-        /* One division per page, not per position (64-bit division costs ~40 cycles). */
-        int64_t pos = p0 + j, in_page = pos % a->page_size;
-        int64_t run = a->page_size - in_page < n - j ? a->page_size - in_page : n - j;
-        int64_t off = ((pages[pos / a->page_size] * a->page_size + in_page) * a->num_kv_heads
-                       + h) * a->head_dim;
-        for (int64_t i = 0; i < run; i++, j++, off += stride)
-            rows[j] = (const char *)base + off * elem;
-    }
+    rg_paged_rows(base, a->bf16 ? 2 : 4, a->page_size, a->num_kv_heads, a->head_dim, pages, h,
+                  p0, n, rows);
 }
 
 /* rows[j]: the fp32 K or V row at position p0 + j (as tile_rows): the pool's own row for fp32,

@@ -101,14 +101,7 @@ def test_pages_before_the_window_are_never_read(build: str, dtype: torch.dtype) 
     gen = torch.Generator().manual_seed(5)
     window = 40
     batch = ExtendBatch([(30, 4000), (100, 3000), (50, 1000)], (9, 3, 64), 16, dtype, gen)
-    spare = int(batch.tables[0][0])
-    batch.k[spare * 16:(spare + 1) * 16] = float("nan")
-    batch.v[spare * 16:(spare + 1) * 16] = float("nan")
-    for i, table in enumerate(batch.tables):
-        before = batch.first_visible(i, window) // batch.page_size
-        table[:before:2] = -1
-        table[1:before:2] = spare
-    assert (torch.cat(batch.tables) == -1).any()
+    batch.invalidate_before_windows(window)
     got = batch.run(window=window)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), batch.reference(None, window).float(),

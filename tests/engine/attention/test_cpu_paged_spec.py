@@ -99,6 +99,19 @@ class Batch:
             outs.append(torch.einsum("htj,jhd->thd", probs, v))
         return torch.cat(outs).to(self.q.dtype)
 
+    def invalidate_before_windows(self, window: int) -> None:
+        """Page ids wholly before each sequence's first visible position become -1 or a page
+        full of NaN (one the first sequence no longer needs), as a long context's pages may
+        be; at least one -1 is set."""
+        spare = int(self.tables[0][0])
+        self.k[spare * self.page_size:(spare + 1) * self.page_size] = float("nan")
+        self.v[spare * self.page_size:(spare + 1) * self.page_size] = float("nan")
+        for i, table in enumerate(self.tables):
+            before = self.first_visible(i, window) // self.page_size
+            table[:before:2] = -1
+            table[1:before:2] = spare
+        assert (torch.cat(self.tables) == -1).any()
+
     def poison_before_windows(self, window: int) -> None:
         """Fills the pages wholly before each sequence's first visible position with NaN."""
         for i, table in enumerate(self.tables):
@@ -154,14 +167,7 @@ def test_pages_before_the_window_are_never_read(build: str, dtype: torch.dtype) 
     gen = torch.Generator().manual_seed(5)
     window = 40
     batch = Batch([(1, 4000), (9, 3000), (16, 1000), (1, 57)], (9, 3, 64), 16, dtype, gen)
-    spare = int(batch.tables[0][0])  # a page of the pool the first sequence no longer needs
-    batch.k[spare * 16:(spare + 1) * 16] = float("nan")
-    batch.v[spare * 16:(spare + 1) * 16] = float("nan")
-    for i, table in enumerate(batch.tables):
-        before = batch.first_visible(i, window) // batch.page_size
-        table[:before:2] = -1
-        table[1:before:2] = spare
-    assert (torch.cat(batch.tables) == -1).any()
+    batch.invalidate_before_windows(window)
     sinks = torch.randn(9, generator=gen)
     got = batch.run(64, window=window, sinks=sinks)
     assert torch.isfinite(got).all()
