@@ -4,9 +4,14 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Root of every error the engine raises on purpose."""
+    """Root of every error the engine raises on purpose. `param` names the request field at
+    fault where one is (OpenAI's error body carries it)."""
 
     error_type = "engine_error"
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        self.param = param
 
 
 class ModelNotFound(EngineError):

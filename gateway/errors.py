@@ -38,8 +38,10 @@ class ApiError(Exception):
 
     error_type = "invalid_request"
 
-    def __init__(self, message: str, *, error_type: str | None = None) -> None:
+    def __init__(self, message: str, *, error_type: str | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
+        self.param = param
         if error_type is not None:
             self.error_type = error_type
 
@@ -134,7 +136,7 @@ def dialect_of(path: str, headers: Mapping[str, str]) -> Dialect:
     """Which API's error envelope a request gets (`headers` with lower-case names)."""
     if path.startswith("/v1/messages"):
         return "anthropic"
-    if path.startswith("/v1/chat/completions"):
+    if path.startswith(("/v1/chat/completions", "/v1/responses", "/v1/conversations")):
         return "openai"
     if path == "/v1/models" or path.startswith("/v1/models/"):
         return "anthropic" if "anthropic-version" in headers else "openai"
@@ -142,9 +144,9 @@ def dialect_of(path: str, headers: Mapping[str, str]) -> Dialect:
 
 
 def wire_error(dialect: Dialect, status: int, error_type: str, message: str,
-               request_id: str | None) -> tuple[int, dict[str, Any]]:
+               request_id: str | None, param: str | None = None) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body) of an error in `dialect`'s envelope; also the data of a streamed
-    error frame."""
+    error frame. `param`: the request field at fault (OpenAI's body names it)."""
     if dialect == "native":
         return status, error_body(error_type, message, request_id)
     if status == 422:
@@ -159,7 +161,7 @@ def wire_error(dialect: Dialect, status: int, error_type: str, message: str,
                         "request_id": request_id}
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else
                              "invalid_request_error")
-    return status, {"error": {"message": message, "type": kind, "param": None,
+    return status, {"error": {"message": message, "type": kind, "param": param,
                               "code": _OPENAI_CODES.get(error_type, error_type)}}
 
 
@@ -167,7 +169,14 @@ def exception_error(dialect: Dialect, exc: Exception, request_id: str | None
                     ) -> tuple[int, dict[str, Any]]:
     """`wire_error` of any exception (unknown ones are a 500 saying only "internal error")."""
     status, error_type = status_for(exc)
-    return wire_error(dialect, status, error_type, error_message(exc, error_type), request_id)
+    return wire_error(dialect, status, error_type, error_message(exc, error_type), request_id,
+                      param_of(exc))
+
+
+def param_of(exc: BaseException) -> str | None:
+    """The request field an error names (`param=` of ApiError and EngineError), if any."""
+    param = getattr(exc, "param", None)
+    return param if isinstance(param, str) else None
 
 
 def request_id_of(request: Request) -> str | None:
@@ -176,9 +185,10 @@ def request_id_of(request: Request) -> str | None:
 
 
 def _respond(request: Request, status: int, error_type: str, message: str,
-             extra: Mapping[str, Any] | None = None) -> JSONResponse:
+             extra: Mapping[str, Any] | None = None, param: str | None = None) -> JSONResponse:
     dialect = dialect_of(request.url.path, request.headers)
-    status, body = wire_error(dialect, status, error_type, message, request_id_of(request))
+    status, body = wire_error(dialect, status, error_type, message, request_id_of(request),
+                              param)
     if extra and dialect == "native":
         body["error"].update(extra)
     headers = retry_headers(error_type, status)
@@ -194,7 +204,8 @@ async def _on_known(request: Request, exc: Exception) -> JSONResponse:
         extra = {"current_head": exc.current_head, "version": exc.version}
     elif isinstance(exc, se.VersionConflict):
         extra = {"version": exc.current}
-    return _respond(request, status, error_type, error_message(exc, error_type), extra)
+    return _respond(request, status, error_type, error_message(exc, error_type), extra,
+                    param_of(exc))
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
@@ -205,7 +216,17 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
     return _respond(request, 422, "validation_error", message,
                     {"details": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")}
-                                 for e in errors[:20]]})
+                                 for e in errors[:20]]}, _param_of_loc(first.get("loc", ())))
+
+
+def _param_of_loc(loc: Any) -> str | None:
+    """OpenAI's `param` of a validation error: `input[0].call_id` for ("body", "input", 0,
+    "call_id")."""
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
 
 
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:

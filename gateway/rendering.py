@@ -54,14 +54,19 @@ class TurnRenderer:
 
     def input_token_ids(self, messages: Sequence[Mapping[str, Any]], *, system: str | None,
                         after_root: bool, closer: str = "",
-                        tools: Sequence[ToolDef] = ()) -> list[int]:
+                        tools: Sequence[ToolDef] = (), note: str | None = None) -> list[int]:
         """Delta of an input turn: `closer` + the new messages + the generation prompt.
 
         `after_root`: the parent is the root (only the system prompt precedes). Tool calls of
-        assistant messages and tool results are written as `gateway.tool_prompt` says. Raises
-        `InvalidRequest` (engine) if the template rejects the conversation.
+        assistant messages and tool results are written as `gateway.tool_prompt` says. `note`
+        (the structured-output instruction, `gateway.response_format.format_note`) ends the last
+        message's text, after a blank line: every template renders that, where a system message
+        after a user one is refused by some (Gemma's). Raises `InvalidRequest` (engine) if the
+        template rejects the conversation.
         """
         msgs = template_messages(messages, tool_role=self.tool_role)
+        if note and msgs:
+            msgs[-1] = _with_note(msgs[-1], note)
         if after_root:
             full = self.template.render(
                 self._system_messages(system, tools) + msgs, add_generation_prompt=True)
@@ -111,3 +116,10 @@ class TurnRenderer:
         alone = self.template.render([_PROBE_USER])
         user_part = self.template.render_delta([_PROBE_USER], [_PROBE_USER])
         return alone[: len(alone) - len(user_part)] if alone.endswith(user_part) else ""
+
+
+def _with_note(message: dict[str, Any], note: str) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": f"\n\n{note}"}]}
+    return {**message, "content": f"{content or ''}\n\n{note}"}

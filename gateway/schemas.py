@@ -97,7 +97,11 @@ class GenerateOptions(_Strict):
     """Sampling options. `tool_choice` (sessions with tools; default "auto"): "auto" lets the
     model call a declared tool or answer in text, "required" makes it call one or more, "none"
     forbids calls, {"name": ...} makes it call that tool (once). Calls always match the tool
-    schemas. `parallel_tool_calls` False ends the output after the first call."""
+    schemas. `parallel_tool_calls` False ends the output after the first call.
+    `response_format` (structured output): `{"type": "json_schema", "json_schema": {"name",
+    "schema", "strict"}}` makes the answer one JSON value matching the schema, `{"type":
+    "json_object"}` any JSON object, `{"type": "text"}` (the default) plain text; under "auto"
+    the turn is then either tool calls or that JSON (`gateway.response_format`)."""
 
     max_tokens: int = Field(default=256, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)
@@ -108,6 +112,7 @@ class GenerateOptions(_Strict):
     stream: bool = False
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True  # False: at most one call per turn
+    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _stop_non_empty(self) -> GenerateOptions:

@@ -107,18 +107,23 @@ def template_messages(messages: Sequence[Mapping[str, Any]], *,
 
 
 def tool_constraint(tools: Sequence[ToolDef], choice: str | Mapping[str, Any] | None, *,
-                    enable_parallel_calls: bool = True) -> ToolConstraint | None:
-    """The engine constraint for `generate.tool_choice` (default "auto"); None without tools
-    under "auto"/"none". Raises `InvalidRequest` for a choice the tools cannot satisfy."""
+                    enable_parallel_calls: bool = True,
+                    text_schema: str | None = None) -> ToolConstraint | None:
+    """The engine constraint for `generate.tool_choice` (default "auto") and the structured
+    output's `text_schema` (`gateway.response_format.text_schema`), which "required" and named
+    choices leave out (they produce calls only); None without tools under "auto"/"none" and
+    without a schema. Raises `InvalidRequest` for a choice the tools cannot satisfy."""
     if not tools:
         if choice is None or choice in ("auto", "none"):
-            return None
+            return None if text_schema is None else ToolConstraint((), "none",
+                                                                   text_schema=text_schema)
         raise InvalidRequest("generate.tool_choice needs tools, and the session has none")
     specs = tuple(ToolSchema(t.name, json.dumps(t.parameters, ensure_ascii=False))
                   for t in tools)
     if choice is None or isinstance(choice, str):
-        return ToolConstraint(specs, cast(ToolChoiceMode, choice or "auto"),
-                              enable_parallel_calls=enable_parallel_calls)
+        mode = cast(ToolChoiceMode, choice or "auto")
+        return ToolConstraint(specs, mode, enable_parallel_calls=enable_parallel_calls,
+                              text_schema=text_schema if mode in ("auto", "none") else None)
     name = str(choice.get("name", ""))
     if name not in {t.name for t in tools}:
         raise InvalidRequest(f"generate.tool_choice names an undeclared tool {name!r}")

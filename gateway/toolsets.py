@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.constrained.spec import ToolConstraint
+from gateway.response_format import text_schema
 from gateway.schemas import GenerateOptions, NamedToolChoice
 from gateway.tool_prompt import ToolDef, normalize_tools, tool_constraint
 
@@ -33,13 +34,16 @@ class Toolsets:
             self._known.move_to_end(key)
         return cached
 
-    def for_turn(self, tools: Sequence[Mapping[str, Any]], options: GenerateOptions
+    def for_turn(self, tools: Sequence[Mapping[str, Any]], options: GenerateOptions,
+                 response_format: Mapping[str, Any] | None = None
                  ) -> tuple[list[ToolDef], ToolConstraint | None]:
-        """The tools and the grammar of `options.tool_choice`. Raises InvalidToolSchema and
+        """The tools and the grammar of `options.tool_choice` and `response_format` (normalized:
+        `gateway.response_format.normalize_response_format`). Raises InvalidToolSchema and
         InvalidRequest (a choice the tools cannot satisfy)."""
         defs = self.of(tools)
         choice = options.tool_choice
         if isinstance(choice, NamedToolChoice):
             return defs, tool_constraint(defs, {"name": choice.name})
         return defs, tool_constraint(defs, choice,
-                                     enable_parallel_calls=options.parallel_tool_calls)
+                                     enable_parallel_calls=options.parallel_tool_calls,
+                                     text_schema=text_schema(response_format))

@@ -14,6 +14,8 @@
 With tools on the session, the Extend carries the `tool_choice` grammar and the output is parsed
 into text and tool-call events (`gateway.toolcall_parser`); the assistant turn stores the text
 without markup and `tool_calls` (finish_reason "tool_calls" when it stopped after calls).
+`generate.response_format` adds the JSON answer's schema to that grammar, and its instruction to
+the delta (`gateway.response_format`; checked before the branch is reserved).
 Branch heads are pinned in the engine.
 """
 
@@ -40,7 +42,9 @@ from gateway.generation import (
     reply_turn,
 )
 from gateway.leases import LeaseKeeper
+from gateway.output_parser import parser_for
 from gateway.rendering import TurnRenderer
+from gateway.response_format import format_note, normalize_response_format
 from gateway.schemas import AppendTurnRequest, GenerateOptions
 from gateway.store_retry import through_store_outage
 from gateway.tool_prompt import ToolDef
@@ -111,6 +115,8 @@ class TurnService:
         InvalidRequest, InvalidToolSchema, EngineFailure / EngineUnavailable. Closing the
         iterator aborts the engine request and releases the branch."""
         params = self._sampling(request.generate)
+        fmt = normalize_response_format(request.generate.response_format,
+                                        param="generate.response_format")
         lease_id = resume.lease_id if resume else new_id()
         if start is None:
             start = await self.leases.begin(
@@ -121,18 +127,19 @@ class TurnService:
                 fork_branch=_fork_name() if fork_on_conflict or resume else None)
         session, parent = start.session, start.parent
         try:
-            tools, constraint = self.toolsets.for_turn(session.tools, request.generate)
+            tools, constraint = self.toolsets.for_turn(session.tools, request.generate, fmt)
             messages = [m.model_dump(exclude_none=True) for m in request.messages]
             if resume is None:
                 input_id, reply_id = new_id(), new_id()
-                delta, progress = self._delta(session, parent, messages, tools), Progress()
+                note = format_note(fmt, constraint)
+                delta, progress = self._delta(session, parent, messages, tools, note), Progress()
             else:
                 input_id, reply_id = resume.input_turn_id, resume.reply_turn_id
                 delta, progress = list(resume.delta), resume.progress
         except BaseException:
             await self._release(start)
             raise
-        parser = ToolCallParser() if constraint and constraint.mode != "none" else None
+        parser = parser_for(constraint)
         if parser is not None and progress.text:
             parser.feed(progress.text)  # its events were shown by the interrupted run
         namespace = f"{tenant}:{self.model_id}"
@@ -216,7 +223,7 @@ class TurnService:
                               stop=tuple(options.stop))
 
     def _delta(self, session: Session, parent: Turn, messages: list[dict[str, Any]],
-               tools: Sequence[ToolDef]) -> list[int]:
+               tools: Sequence[ToolDef], note: str | None) -> list[int]:
         system = session.system if isinstance(session.system, str) else None
         closer = ""
         if parent.role == "assistant":
@@ -224,7 +231,7 @@ class TurnService:
             closer = self.renderer.closer(str(content or ""), parent.token_ids)
         return self.renderer.input_token_ids(messages, system=system,
                                              after_root=parent.role == "root", closer=closer,
-                                             tools=tools)
+                                             tools=tools, note=note)
 
     async def _full_path(self, session_id: str, tenant: str, parent: Turn,
                          delta: list[int]) -> list[int]:

@@ -3,8 +3,10 @@
 Tool calls are an xgrammar structural tag: each declared tool is a tag
 `call_prefix(name) <arguments object matching its schema> CALL_SUFFIX`; "auto" triggers the tags
 on `<tool_call>` inside free text, "required" is one or more tags separated by newlines, "named" is
-the one tag, "none" is free text excluding `<tool_call>`. Special tokens (`<|im_start|>`, ...) are
-never allowed inside constrained output; the request's stop tokens end it where the grammar can.
+the one tag, "none" is free text excluding `<tool_call>`. With a text schema, free text is one
+JSON value instead: "none" is that value alone, "auto" an `or` of that value and the "required"
+calls. Special tokens (`<|im_start|>`, ...) are never allowed inside constrained output; the
+request's stop tokens end it where the grammar can.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import xgrammar as xgr
 from xgrammar import structural_tag as st
 
 from engine.constrained.base import TokenGrammar
+from engine.constrained.json_schema import MAX_JSON_WHITESPACE, bounded_strings_as_patterns
 from engine.constrained.spec import (
     CALL_OPEN,
     CALL_SEPARATOR,
@@ -29,12 +32,8 @@ from engine.constrained.spec import (
 from engine.errors import InvalidToolSchema
 from engine.tokenizer import Tokenizer
 
-# Whitespace runs inside the JSON of a call are capped: a small model left free to emit
-# whitespace can spend its whole token budget on it.
-MAX_JSON_WHITESPACE = 2
-# NOTE(tools): xgrammar 0.2.9 compiles a string with minLength/maxLength to a character class that
-# admits raw control characters (invalid JSON) and no escapes; as a pattern it is exact.
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+__all__ = ["MAX_JSON_WHITESPACE", "XGrammarBackend", "XGrammarState", "arguments_schema",
+           "structural_tag", "text_format", "text_schema_error"]
 
 
 def arguments_schema(tool: ToolSchema) -> dict[str, Any]:
@@ -45,26 +44,25 @@ def arguments_schema(tool: ToolSchema) -> dict[str, Any]:
     if kind != "object":
         raise InvalidToolSchema(f"tool {tool.name!r}: parameters must describe an object, "
                                 f"not {kind!r}")
-    rewritten: dict[str, Any] = _bounded_strings_as_patterns({**schema, "type": "object"})
+    rewritten: dict[str, Any] = bounded_strings_as_patterns({**schema, "type": "object"})
     return rewritten
 
 
-def _bounded_strings_as_patterns(node: Any) -> Any:
-    """A copy of a schema where each length-bounded plain string schema is a pattern of
-    characters that need no JSON escape (see the NOTE above)."""
-    if isinstance(node, list):
-        return [_bounded_strings_as_patterns(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: v if k in _DATA_KEYWORDS else _bounded_strings_as_patterns(v)
-           for k, v in node.items()}
-    bounded = "minLength" in out or "maxLength" in out
-    if (out.get("type") == "string" and bounded
-            and not {"enum", "const", "pattern", "format"} & out.keys()):
-        low, high = int(out.pop("minLength", 0)), out.pop("maxLength", None)
-        upper = "" if high is None else str(int(high))
-        out["pattern"] = r'^[^"\\\x00-\x1f]{' + f"{low},{upper}}}$"
-    return out
+def text_format(schema: dict[str, Any] | bool) -> st.JSONSchemaFormat:
+    """The structural-tag format of free text that must be one JSON value matching `schema`
+    (no whitespace around it, runs inside it capped as in calls)."""
+    rewritten = bounded_strings_as_patterns(schema)
+    return st.JSONSchemaFormat(json_schema=rewritten, max_whitespace_cnt=MAX_JSON_WHITESPACE)
+
+
+def text_schema_error(schema: dict[str, Any] | bool) -> str | None:
+    """Why `schema` does not compile as a text schema (xgrammar's message); None when it does.
+    Needs no tokenizer; takes milliseconds for a small schema."""
+    try:
+        xgr.Grammar.from_structural_tag(st.StructuralTag(format=text_format(schema)))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return _short(exc)
+    return None
 
 
 def structural_tag(constraint: ToolConstraint) -> st.StructuralTag:
@@ -76,13 +74,20 @@ def structural_tag(constraint: ToolConstraint) -> st.StructuralTag:
             for tool in constraint.chosen_tools]
     fmt: st.Format
     is_single = not constraint.enable_parallel_calls
+    schema = constraint.text_schema_value
+    text = None if schema is None else text_format(schema)
+    calls = st.TagsWithSeparatorFormat(tags=tags, separator=CALL_SEPARATOR, at_least_one=True,
+                                       stop_after_first=is_single)
     if constraint.mode == "none" or not tags:
-        fmt = st.AnyTextFormat(excludes=[CALL_OPEN])
+        fmt = st.AnyTextFormat(excludes=[CALL_OPEN]) if text is None else text
+    elif constraint.mode == "auto" and text is not None:
+        # Exact: the JSON answer or the calls. The calls take the "required" shape because
+        # text before a call would be text outside the schema.
+        fmt = st.OrFormat(elements=[text, calls])
     elif constraint.mode == "auto":
         fmt = st.TriggeredTagsFormat(triggers=[CALL_OPEN], tags=tags, stop_after_first=is_single)
     elif constraint.mode == "required":
-        fmt = st.TagsWithSeparatorFormat(tags=tags, separator=CALL_SEPARATOR, at_least_one=True,
-                                         stop_after_first=is_single)
+        fmt = calls
     else:
         fmt = tags[0]
     return st.StructuralTag(format=fmt)
@@ -141,13 +146,14 @@ class XGrammarBackend:
     def new_grammar(self, constraint: ToolConstraint,
                     stop_token_ids: Sequence[int]) -> XGrammarState:
         """A fresh state for one request; `stop_token_ids` (non-empty) end the output where the
-        grammar allows an end. Raises `InvalidToolSchema` if a schema does not compile."""
+        grammar allows an end. Raises `InvalidToolSchema` if a schema (of a tool or of the
+        text) does not compile."""
         compiled = self._cache.get(constraint)
         if compiled is None:
             try:
                 compiled = self._compiler.compile_structural_tag(structural_tag(constraint))
             except (RuntimeError, ValueError, TypeError) as exc:
-                raise InvalidToolSchema(f"tool schemas do not compile: {_short(exc)}") from exc
+                raise InvalidToolSchema(f"schemas do not compile: {_short(exc)}") from exc
             self._cache[constraint] = compiled
             if len(self._cache) > self._max_cached:
                 self._cache.popitem(last=False)
