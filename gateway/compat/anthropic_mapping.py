@@ -3,7 +3,8 @@
 A user message's `tool_result` blocks become native tool messages (in order, before the user's
 text, as the API requires them first); an assistant message's `tool_use` blocks become its
 `tool_calls`, and `thinking` blocks are dropped (the served model has no thinking to echo).
-System blocks are joined with newlines, except Claude Code's `x-anthropic-billing-header:` line:
+`output_config.format` (JSON-schema output) becomes the native `response_format`. System blocks
+are joined with newlines, except Claude Code's `x-anthropic-billing-header:` line:
 it is billing metadata for Anthropic's API, not instructions, and it changes with every
 conversation, so rendering it would leave two conversations with one system prompt no prefix
 to share.
@@ -28,6 +29,7 @@ from gateway.compat.conversation import (
     text_of,
 )
 from gateway.errors import InvalidRequest
+from gateway.response_format import normalize_response_format
 
 _IGNORED_ASSISTANT_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -49,7 +51,8 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
             stop=tuple(s for s in request.stop_sequences or () if s),
             tool_choice=generation.tool_choice,
             parallel_tool_calls=not (request.tool_choice is not None
-                                     and request.tool_choice.disable_parallel_tool_use))
+                                     and request.tool_choice.disable_parallel_tool_use),
+            response_format=_output_format(request))
         stream = request.stream
     system = _system_text(request.system)
     return Conversation(model=request.model, system=system or None, messages=tuple(messages),
@@ -57,6 +60,15 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
 
 
 BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _output_format(request: MessagesRequest) -> dict[str, Any] | None:
+    """The native response format of `output_config.format` (else the beta's `output_format`).
+    Raises InvalidRequest (400) for a format the grammar engine cannot honour."""
+    config = request.output_config or {}
+    if config.get("format") is not None:
+        return normalize_response_format(config["format"], param="output_config.format")
+    return normalize_response_format(request.output_format, param="output_format")
 
 
 def _system_text(system: str | list[dict[str, Any]] | None) -> str | None:

@@ -50,3 +50,8 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
+    # Structured output: {"format": {"type": "json_schema", "schema": {...}}} (anthropic SDK 2.x;
+    # other keys such as "effort" are ignored); `output_format` is the same format as the
+    # structured-outputs beta sent it, at the top level.
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None

@@ -27,7 +27,9 @@ class ToolChoice:
 
 @dataclass(frozen=True)
 class Generation:
-    """Sampling options as the client asked for them (`max_tokens` is capped later)."""
+    """Sampling options as the client asked for them (`max_tokens` is capped later).
+    `response_format`: the structured output, already in the native shape
+    (`gateway.response_format.normalize_response_format`); None for text."""
 
     max_tokens: int
     temperature: float = 1.0  # both APIs default to 1.0
@@ -37,6 +39,7 @@ class Generation:
     stop: tuple[str, ...] = ()
     tool_choice: ToolChoice | None = None  # None: no tools declared
     parallel_tool_calls: bool = True  # False: the reply ends after its first tool call
+    response_format: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Leading system / developer messages become the session's system prompt; later ones stay in the
 conversation as native system messages. Assistant `tool_calls` carry their arguments as JSON text
-on the wire and as a dict natively; tool messages keep their `tool_call_id`.
+on the wire and as a dict natively; tool messages keep their `tool_call_id`. `response_format`
+(`json_schema`, `json_object`, `text`) is normalized and checked against the grammar engine here,
+before anything is written.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gateway.compat.conversation import (
 )
 from gateway.compat.openai_schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from gateway.errors import InvalidRequest
+from gateway.response_format import normalize_response_format
 
 DEFAULT_MAX_TOKENS = 4096  # the API's default is "up to the context"; the settings cap applies
 
@@ -43,7 +46,9 @@ def conversation_of(request: ChatCompletionRequest) -> Conversation:
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
         stop=tuple(s for s in stop if s), tool_choice=_tool_choice(request, tools),
-        parallel_tool_calls=request.parallel_tool_calls is not False)
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+        response_format=normalize_response_format(request.response_format,
+                                                  param="response_format"))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Conversation(model=request.model, system="\n".join(system_parts) or None,
                         messages=tuple(native), generation=generation, tools=tools,
@@ -55,9 +60,6 @@ def _check_supported(request: ChatCompletionRequest) -> None:
         raise InvalidRequest("n: only one choice per request is supported")
     if request.logprobs:
         raise InvalidRequest("logprobs: not supported")
-    kind = (request.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise InvalidRequest(f"response_format: type {kind!r} is not supported (only 'text')")
 
 
 def _native(message: ChatMessage, where: str) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Request models of `POST /v1/chat/completions` (OpenAI Chat Completions).
 
 Unknown fields are accepted and ignored (`extra="allow"`): clients send many options this gateway
-has no use for. Options that would change the answer and are not supported (`n > 1`, `logprobs`,
-a JSON `response_format`) are rejected by the mapping with a 400.
+has no use for. Options that would change the answer and are not supported (`n > 1`, `logprobs`)
+are rejected by the mapping with a 400, and so is a `response_format` the grammar engine cannot
+honour (`gateway.response_format`).
 """
 
 from __future__ import annotations
@@ -77,4 +78,6 @@ class ChatCompletionRequest(_Open):
     parallel_tool_calls: bool | None = None  # False: at most one call per reply
     n: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {name, schema,
+    # strict, description}}
     response_format: dict[str, Any] | None = None

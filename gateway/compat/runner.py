@@ -119,7 +119,9 @@ class CompatService:
                 max_tokens=min(gen.max_tokens, self.settings.max_tokens_limit),
                 temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, seed=gen.seed,
                 stop=list(gen.stop), tool_choice=_native_choice(gen.tool_choice),
-                parallel_tool_calls=gen.parallel_tool_calls)
+                parallel_tool_calls=gen.parallel_tool_calls,
+                response_format=None if gen.response_format is None else dict(
+                    gen.response_format))
             return AppendTurnRequest(messages=[Message.model_validate(m)
                                                for m in conversation.messages],
                                      generate=options)
