@@ -24,7 +24,7 @@ from sdk._errors import (
 from sdk._resources import AsyncSession, AsyncSessions, Session, Sessions
 from sdk._streaming import AsyncTurnStream, TurnStream
 from sdk._toolcalls import ToolCallSnapshot
-from sdk.agent import AgentLoop, AgentResult, AsyncAgentLoop, TurnRecord, turn_table
+from sdk.agent import AgentLoop, AgentResult, AsyncAgentLoop, OutputError, TurnRecord, turn_table
 from sdk.tools import Tool, ToolCall, ToolResult, tool
 from sdk.types import (
     BranchState,
@@ -54,8 +54,8 @@ __all__ = [
     "UnprocessableEntityError",
     "AsyncClient", "Client", "AsyncSession", "AsyncSessions", "Session", "Sessions",
     "AsyncTurnStream", "TurnStream",
-    "AgentLoop", "AgentResult", "AsyncAgentLoop", "Tool", "ToolCall", "ToolResult", "TurnRecord",
-    "tool", "turn_table",
+    "AgentLoop", "AgentResult", "AsyncAgentLoop", "OutputError", "Tool", "ToolCall", "ToolResult",
+    "TurnRecord", "tool", "turn_table",
     "BranchState", "ErrorEvent", "GenerateParams", "Message", "MessageParam", "SessionCreated",
     "SessionState", "StreamEvent", "TextDelta", "Turn", "TurnEnd", "TurnStart", "TurnSummary",
     "Usage", "ToolCallDelta", "ToolCallEnd", "ToolCallStart", "ToolCallSnapshot",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sdk._base import MessagesInput
+from sdk._output import OutputType
 from sdk.tools import Tool, ToolCall, ToolResult, as_tool, parse_tool_call, tool_message
 from sdk.types import StreamEvent, Turn, TurnEnd, TurnStart
 
@@ -58,11 +59,14 @@ class TurnRecord:
 @dataclass(frozen=True)
 class AgentResult:
     """What one `run` did: every assistant turn in order and why it stopped ("answered": the
-    last turn has no tool calls; "max_turns": it still asked for tools, which were not run)."""
+    last turn has no tool calls; "max_turns": it still asked for tools, which were not run).
+    `output`: with the loop's `output_type`, the answer parsed (a model instance or a JSON
+    value) when it "answered"; else None."""
 
     final_turn: Turn
     turns: tuple[TurnRecord, ...]
     stop_reason: StopReason
+    output: Any = None
 
     @property
     def text(self) -> str:
@@ -98,6 +102,7 @@ class RunState:
     max_turns: int
     records: tuple[TurnRecord, ...] = ()
     result: AgentResult | None = None
+    output_type: OutputType | None = None  # parses the answer into `AgentResult.output`
 
     def step(self, turn: Turn) -> Step:
         """What to do after `turn`, the next assistant turn of this run."""
@@ -106,20 +111,28 @@ class RunState:
 
 def start_run(messages: MessagesInput, base: Mapping[str, Any], overrides: Mapping[str, Any], *,
               first_tool_choice: ToolChoice | None, tool_choice: ToolChoice | None,
-              max_turns: int) -> RunState:
+              max_turns: int, output_type: OutputType | None = None) -> RunState:
     """The state before a run's first append: `overrides` apply to every turn of the run,
-    `first_tool_choice` (else the loop's `tool_choice`) to the first turn only."""
+    `first_tool_choice` (else the loop's `tool_choice`) to the first turn only; with
+    `output_type` every turn asks for its `response_format`."""
+    if output_type is not None:
+        base = {"response_format": output_type.response_format, **base}
     return RunState(messages, turn_options(base, overrides, first_tool_choice or tool_choice),
-                    turn_options(base, overrides, tool_choice), max_turns)
+                    turn_options(base, overrides, tool_choice), max_turns,
+                    output_type=output_type)
 
 
 def advance(state: RunState, turn: Turn, timing: StreamTiming, step: Step,
             results: Sequence[ToolResult]) -> RunState:
-    """The state after `turn` and its tool `results` (one per `step.calls`). Pure."""
+    """The state after `turn` and its tool `results` (one per `step.calls`). Pure. Raises
+    OutputError when the answer does not parse as the run's `output_type`."""
     records = (*state.records, make_record(turn, timing, results))
     if step.stop_reason is not None:
+        output = None
+        if state.output_type is not None and step.stop_reason == "answered":
+            output = state.output_type.parse(turn.content or "")
         return replace(state, records=records,
-                       result=AgentResult(turn, records, step.stop_reason))
+                       result=AgentResult(turn, records, step.stop_reason, output))
     return replace(state, messages=tool_messages(results), options=state.later_options,
                    records=records)
 

@@ -4,6 +4,10 @@
     result = loop.run("What does main.py do?", max_tokens=128)
     print(result.text); print(turn_table(result.turns))
 
+With `output_type` (a pydantic model class or a JSON-schema dict) every turn is either tool calls
+or a JSON answer matching its schema (the gateway's grammar guarantees it), and `result.output`
+is that answer parsed (`sdk._output`).
+
 Each iteration appends one turn (streamed, for TTFT), runs the tool calls the assistant turn
 asks for, and appends their results as `tool` messages, until a turn has no tool calls or
 `max_turns` is reached. `best_of` forks n branches from one turn; `retry_from` rewinds the loop's
@@ -38,6 +42,7 @@ from sdk._agent import (
     turn_table,
 )
 from sdk._base import MessagesInput
+from sdk._output import OutputError, OutputType, OutputTypeLike
 from sdk._resources import AsyncSession, Session
 from sdk._tracing import agent_span, tool_span, workflow_span
 from sdk.tools import Tool, ToolCall, ToolResult, arun_tool, run_tool
@@ -46,7 +51,8 @@ from sdk.types import BranchState, Turn
 if TYPE_CHECKING:
     from sdk._client import AsyncClient, Client
 
-__all__ = ["AgentLoop", "AgentResult", "AsyncAgentLoop", "TurnRecord", "turn_table"]
+__all__ = ["AgentLoop", "AgentResult", "AsyncAgentLoop", "OutputError", "TurnRecord",
+           "turn_table"]
 
 ToolLike = Tool | Callable[..., Any]
 
@@ -57,13 +63,14 @@ class _LoopBase:
     `session` must have been created with these tools declared (`create` does that).
     `branch`: where the loop appends (default: the session handle's). `generate`: options of
     every append (`max_tokens`, `temperature`, ...); `tool_choice`: sent with every append when
-    set (the server's default is "auto"). `clock`: seconds, for TTFT (injectable for tests).
-    `tracer_provider`: an OpenTelemetry provider for the loop's spans (default: the global one)."""
+    set (the server's default is "auto"). `output_type`: the answer's type (module docstring).
+    `clock`: seconds, for TTFT (injectable for tests). `tracer_provider`: an OpenTelemetry
+    provider for the loop's spans (default: the global one)."""
 
     def __init__(self, tools: dict[str, Tool], branch: str, head_turn_id: str | None, *,
                  max_turns: int, name: str, tool_choice: ToolChoice | None,
                  generate: Mapping[str, Any] | None, clock: Callable[[], float],
-                 tracer_provider: Any | None) -> None:
+                 tracer_provider: Any | None, output_type: OutputTypeLike | None) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         self.tools = tools
@@ -75,6 +82,7 @@ class _LoopBase:
         self.generate = dict(generate or {})
         self._clock = clock
         self.tracer_provider = tracer_provider
+        self.output_type = None if output_type is None else OutputType.of(output_type)
 
     def _options(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         return turn_options(self.generate, overrides, self.tool_choice)
@@ -82,7 +90,8 @@ class _LoopBase:
     def _start(self, message: MessagesInput, overrides: Mapping[str, Any],
                tool_choice: ToolChoice | None) -> RunState:
         return start_run(message, self.generate, overrides, first_tool_choice=tool_choice,
-                         tool_choice=self.tool_choice, max_turns=self.max_turns)
+                         tool_choice=self.tool_choice, max_turns=self.max_turns,
+                         output_type=self.output_type)
 
     def _track_turn(self, turn: Turn) -> None:
         if turn.branch == self.branch:
@@ -100,12 +109,14 @@ class AgentLoop(_LoopBase):
                  tool_choice: ToolChoice | None = None,
                  generate: Mapping[str, Any] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 tracer_provider: Any | None = None) -> None:
+                 tracer_provider: Any | None = None,
+                 output_type: OutputTypeLike | None = None) -> None:
         branch = branch or session.branch
         head = session.head_turn_id if branch == session.branch else None
         super().__init__(tool_table(tools, allow_async=False), branch, head,
                          max_turns=max_turns, name=name, tool_choice=tool_choice,
-                         generate=generate, clock=clock, tracer_provider=tracer_provider)
+                         generate=generate, clock=clock, tracer_provider=tracer_provider,
+                         output_type=output_type)
         self.session = session
 
     @classmethod
@@ -199,12 +210,14 @@ class AsyncAgentLoop(_LoopBase):
                  tool_choice: ToolChoice | None = None,
                  generate: Mapping[str, Any] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 tracer_provider: Any | None = None) -> None:
+                 tracer_provider: Any | None = None,
+                 output_type: OutputTypeLike | None = None) -> None:
         branch = branch or session.branch
         head = session.head_turn_id if branch == session.branch else None
         super().__init__(tool_table(tools, allow_async=True), branch, head,
                          max_turns=max_turns, name=name, tool_choice=tool_choice,
-                         generate=generate, clock=clock, tracer_provider=tracer_provider)
+                         generate=generate, clock=clock, tracer_provider=tracer_provider,
+                         output_type=output_type)
         self.session = session
 
     @classmethod

@@ -47,6 +47,10 @@ class GenerateParams(TypedDict, total=False):
     # sessions with tools: "auto" (default) | "required" | "none" | {"name": ...}
     tool_choice: Literal["auto", "required", "none"] | dict[str, str]
     parallel_tool_calls: bool  # False: at most one tool call per turn
+    # structured output: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
+    # (the answer is one JSON value matching the schema), {"type": "json_object"}, or
+    # {"type": "text"} (the default)
+    response_format: dict[str, Any]
 
 
 class Usage(_Model):
