@@ -22,4 +22,4 @@ def engine_stats(engine: Engine, request_id: str = "") -> Stats:
                  num_locked_pages=engine.cache.num_locked_pages, num_pins=engine.cache.num_pins,
                  worker_id=engine.worker_id,
                  num_host_restored_pages=engine.tiers.host.num_restored if engine.tiers.host
-                 else 0)
+                 else 0, context_len=engine.context_len)

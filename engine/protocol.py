@@ -141,6 +141,7 @@ class Stats:
     num_kv_received_pages: int = 0  # pages received from prefill workers
     num_kv_failed_transfers: int = 0  # transfers that failed either side (their KV recomputed)
     num_kv_fallbacks: int = 0  # parked requests that ran without their transfer
+    context_len: int = 0  # the longest prompt plus output the engine serves (0: not said)
 
     @property
     def num_held_pages(self) -> int:

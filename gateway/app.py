@@ -19,7 +19,16 @@ from engine.client import EngineClient
 from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyStore
-from gateway.compat import anthropic_routes, models_route, openai_routes
+from gateway.compat import (
+    anthropic_routes,
+    conversations_routes,
+    models_route,
+    openai_routes,
+    responses_routes,
+)
+from gateway.compat.conversations_store import ConversationStore
+from gateway.compat.responses_runs import ResponseRuns
+from gateway.compat.responses_store import ResponseStore
 from gateway.deps import Services
 from gateway.engine_link import EngineLink
 from gateway.engine_pool import EnginePool
@@ -50,6 +59,10 @@ class State(TypedDict):
     store_supervisor: StoreSupervisor | None  # the embedded Valkey's, when `serve` owns one
     streams: SharedStreams  # running streams a retry with their Idempotency-Key can join
     services: Services  # the turn route's collaborators in one object
+    response_store: ResponseStore  # stored Responses API responses
+    response_runs: ResponseRuns  # responses running on this gateway (cancel, background)
+    conversation_store: ConversationStore  # the Conversations API's logs
+    context_len: int  # the served model's context (prompt + output) in tokens; 0: unknown
 
 
 def create_app(settings: GatewaySettings | None = None, *,
@@ -76,7 +89,7 @@ def create_app(settings: GatewaySettings | None = None, *,
         client = redis if redis is not None else _open_redis(settings)
         pool = await _open_engine(settings, engine_client)
         tok = tokenizer or _load_tokenizer(settings)
-        served = await _served_model(pool, tok, settings)
+        served, context_len = await _served_model(pool, tok, settings)
         store = SessionStore(client, key_prefix=settings.key_prefix)
         turns = TurnService(store, pool, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
                             max_tokens_limit=settings.max_tokens_limit, model_id=served)
@@ -84,14 +97,23 @@ def create_app(settings: GatewaySettings | None = None, *,
         idempotency = IdempotencyStore(client, settings.key_prefix)
         telemetry = Telemetry.create(provider)
         pool.on_route = telemetry.metrics.observe_route
+        runs = ResponseRuns()
         try:
             yield State(settings=settings, redis=client, store=store,
                         keys=KeyStore(client, settings.auth_key_prefix),
                         idempotency=idempotency, engine=pool, turns=turns, model_name=name,
                         telemetry=telemetry, store_supervisor=store_supervisor,
                         streams=SharedStreams(),
-                        services=Services(settings, turns, idempotency, telemetry, name))
+                        services=Services(settings, turns, idempotency, telemetry, name),
+                        response_store=ResponseStore(
+                            client, key_prefix=settings.key_prefix,
+                            retention_s=settings.responses_retention_s),
+                        response_runs=runs, context_len=context_len,
+                        conversation_store=ConversationStore(
+                            client, key_prefix=settings.key_prefix,
+                            retention_s=settings.responses_retention_s))
         finally:
+            await runs.aclose()
             await turns.leases.aclose()
             if owned_provider is not None:
                 owned_provider.shutdown()  # flushes the batch exporters
@@ -107,7 +129,8 @@ def create_app(settings: GatewaySettings | None = None, *,
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(metrics.router)
-    for compat in (openai_routes, anthropic_routes, models_route):
+    for compat in (openai_routes, anthropic_routes, models_route, responses_routes,
+                   conversations_routes):
         app.include_router(compat.router)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(ServerSpanMiddleware, tracer_provider=provider)  # outermost: sees 413s
@@ -140,10 +163,10 @@ async def _open_engine(settings: GatewaySettings,
 
 
 async def _served_model(pool: EnginePool, tokenizer: Tokenizer,
-                        settings: GatewaySettings) -> str:
-    """The engines' model id, once every worker is known to serve one model whose vocabulary
-    is the gateway's: the gateway renders token ids the engine must read the same way. Learns
-    each worker's id. Raises ConfigError."""
+                        settings: GatewaySettings) -> tuple[str, int]:
+    """The engines' model id and context length (the smallest of the workers'), once every
+    worker is known to serve one model whose vocabulary is the gateway's: the gateway renders
+    token ids the engine must read the same way. Learns each worker's id. Raises ConfigError."""
     await pool.primary.live()
     try:
         stats = await pool.identify(timeout_s=settings.engine_timeout_s)
@@ -158,7 +181,7 @@ async def _served_model(pool: EnginePool, tokenizer: Tokenizer,
     if len({s.model for s in stats}) > 1:
         raise ConfigError("the engine workers serve different models: "
                           f"{sorted({s.model for s in stats})}; start them with one --model")
-    return stats[0].model
+    return stats[0].model, min(s.context_len for s in stats)
 
 
 def _load_tokenizer(settings: GatewaySettings) -> Tokenizer:

@@ -20,6 +20,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 from engine.errors import EngineError
 from engine.protocol import PrefixMatch, Stats
@@ -147,9 +148,13 @@ def _load(link: EngineLink, match: PrefixMatch) -> int:
 
 
 def combine_stats(stats: Sequence[Stats]) -> Stats:
-    """One Stats over several workers: counts summed, the first's model and page size."""
+    """One Stats over several workers: counts summed, the first's model and page size, the
+    smallest context length."""
     first = stats[0]
-    summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in fields(Stats)
-              if f.type in ("int", int) and f.name != "page_size"}
+    summed: dict[str, Any] = {f.name: sum(getattr(s, f.name) for s in stats)
+                              for f in fields(Stats)
+                              if f.type in ("int", int) and f.name not in ("page_size",
+                                                                           "context_len")}
+    summed["context_len"] = min(s.context_len for s in stats)
     return Stats(**{**{f.name: getattr(first, f.name) for f in fields(Stats)}, **summed,
                     "worker_id": ",".join(s.worker_id for s in stats)})

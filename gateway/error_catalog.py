@@ -37,6 +37,7 @@ CATALOG: Final[Mapping[str, ErrorKind]] = {
     "request_too_large": ErrorKind(413),
     "conflict": ErrorKind(409, retryable=True, retry_after_s=1),  # the key's request runs
     "unknown_model": _NOT_FOUND,
+    "previous_response_not_found": _BAD,  # OpenAI's code for an unknown previous_response_id
     "engine_unavailable": ErrorKind(503, retryable=True, retry_after_s=5),
     "store_unavailable": ErrorKind(503, retryable=True, retry_after_s=1),
     "turn_interrupted": ErrorKind(503, retryable=True, retry_after_s=1),

@@ -40,6 +40,8 @@ class GatewaySettings(BaseSettings):
     # How long a turn waits for a restarted engine worker before it fails with a 503.
     engine_restart_timeout_s: float = Field(default=300.0, gt=0)
     sse_keepalive_s: float = Field(default=10.0, gt=0)  # a ping after this long without a frame
+    # How long a stored Responses API response (`store: true`) is kept; OpenAI keeps 30 days.
+    responses_retention_s: int = Field(default=30 * 24 * 3600, gt=0)
     # Compatible routes (/v1/chat/completions, /v1/messages): requested model name -> served model
     # ("" = the one served). A key ending in "*" matches by prefix, the longest one winning; exact
     # keys are also listed by GET /v1/models. E.g. RADIXGATE_MODEL_ALIASES='{"claude-*": ""}'.

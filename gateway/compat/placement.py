@@ -97,10 +97,8 @@ class TreeMapper:
 
     async def record_reply(self, tenant: str, placement: Placement, reply: Turn) -> None:
         """Index the generated assistant turn under the path of its conversation."""
-        content = reply.messages[0].get("content", "") if reply.messages else ""
-        message = {"role": "assistant", "content": content, "tool_calls": list(reply.tool_calls)}
-        path_hash = extend_path_hash(placement.path_hashes[-1], message)
-        await self.store.paths.record(tenant, placement.session_id, {path_hash: reply.id})
+        await self.store.paths.record(tenant, placement.session_id,
+                                      {reply_path_hash(placement, reply): reply.id})
 
     @staticmethod
     def _placement(conversation: Conversation, hashes: list[str],
@@ -108,6 +106,17 @@ class TreeMapper:
         return Placement(match.session_id, match.turn_id,
                          conversation.messages[match.num_matched:], tuple(hashes),
                          match.num_matched)
+
+
+def reply_message(reply: Turn) -> dict[str, Any]:
+    """The native message of a generated assistant turn (its text and calls)."""
+    content = reply.messages[0].get("content", "") if reply.messages else ""
+    return {"role": "assistant", "content": content, "tool_calls": list(reply.tool_calls)}
+
+
+def reply_path_hash(placement: Placement, reply: Turn) -> str:
+    """The path hash of the conversation through `reply`, the turn generated for `placement`."""
+    return extend_path_hash(placement.path_hashes[-1], reply_message(reply))
 
 
 def _hint_key(hint: str, root_hash: str) -> str:

@@ -24,7 +24,7 @@ from gateway.schemas import ToolChoice as NativeToolChoice
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Telemetry, traced_turn
 from gateway.turns import TurnEnded, TurnEvent, TurnService, TurnStarted
-from sessions import SessionNotFound, TurnNotFound
+from sessions import SessionNotFound, TurnNotFound, path_hashes
 
 SESSION_HEADER = "x-radixgate-session-id"
 TURN_HEADER = "x-radixgate-turn-id"
@@ -90,6 +90,21 @@ class CompatService:
                 continue  # a tenant-wide entry naming a turn that is gone: try the next
         placement = await self.mapper.create(tenant, conversation, tools,
                                              session_hint=session_hint)
+        return await self._run(tenant, placement, request)
+
+    async def start_after(self, tenant: str, conversation: Conversation, *, session_id: str,
+                          parent_turn_id: str, parent_path_hash: str) -> StartedTurn:
+        """Append all of the conversation's messages under a known turn (the reply a client
+        continues by id: `previous_response_id`), forking when that turn already has children.
+        `parent_path_hash`: the path hash of the conversation through the parent, so the reply
+        is indexed for later full resends. The session's own system prompt and tools apply: the
+        caller checks they are the conversation's. Raises as `start`."""
+        self.check_model(conversation.model)
+        conversation.check_answerable()
+        self.turns.toolsets.of(conversation.tools)
+        request = self._append_request(conversation)
+        hashes = path_hashes(parent_path_hash, conversation.messages)
+        placement = Placement(session_id, parent_turn_id, conversation.messages, tuple(hashes), 0)
         return await self._run(tenant, placement, request)
 
     async def _run(self, tenant: str, placement: Placement,

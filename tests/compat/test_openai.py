@@ -134,6 +134,10 @@ def test_models_list_and_retrieve(live: Live) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
     assert models.data[0].object == "model" and models.data[0].owned_by == "radixgate"
+    with live.http() as http:  # Codex CLI's catalogue rides along in the same body
+        [entry] = http.get("/v1/models").json()["models"]
+    assert entry["slug"] == "tiny" and entry["context_window"] > 0
+    assert entry["base_instructions"] and entry["shell_type"] == "shell_command"
     assert client.models.retrieve("gpt-4.1").id == "gpt-4.1"  # an alias answers as itself
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("llama-70b")
