@@ -385,3 +385,17 @@ def test_structured_output_text_format(live: Live) -> None:
                 "type": "json_schema", "name": "bad", "schema": {
                     "type": "object", "properties": {"a": {"type": "nonsense"}}}}}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "text.format"
+
+
+def test_context_overflow_is_a_400_or_response_failed(live: Live) -> None:
+    long_input = "word " * 12000  # past the tiny model's context
+    with live.http() as http:
+        r = http.post("/v1/responses", json={"model": "gpt-4.1-mini", "input": long_input,
+                                             "max_output_tokens": 4})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    events = _events(live, {"model": "gpt-4.1-mini", "input": long_input, "stream": True,
+                            "max_output_tokens": 4})
+    assert [e["type"] for e in events][-1] == "response.failed"
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded"
