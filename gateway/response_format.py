@@ -100,7 +100,9 @@ def format_note(fmt: Mapping[str, Any] | None, constraint: ToolConstraint | None
     may_call = bool(constraint.chosen_tools)
     lead = "If you answer without calling a tool, answer" if may_call else "Answer"
     if fmt["type"] == "json_object":
-        return f"{lead} with a JSON object only."
+        # "on one line": the model's own pretty-printing nests deeper than the grammar's
+        # whitespace cap (MAX_JSON_WHITESPACE) lets it, and it rambles once pushed off it.
+        return f"{lead} with a JSON object only, written compactly on one line."
     spec = fmt["json_schema"]
     about = f" ({spec['description']})" if spec.get("description") else ""
     return (f"{lead} with JSON only, matching this JSON schema{about}:\n"

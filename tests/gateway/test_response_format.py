@@ -89,7 +89,7 @@ def test_the_note_follows_the_constraint() -> None:
     assert format_note(None, tool_constraint(tools, "auto")) is None
     obj = {"type": "json_object"}
     assert format_note(obj, tool_constraint([], None, text_schema=text_schema(obj))) == (
-        "Answer with a JSON object only.")
+        "Answer with a JSON object only, written compactly on one line.")
 
 
 def test_the_note_ends_the_last_message_of_the_delta_only(tokenizer: Tokenizer) -> None:
