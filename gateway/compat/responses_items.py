@@ -7,9 +7,12 @@ Input items (each a dict; `id` and `status` optional, as Codex replays them):
     function_call              {call_id, name, arguments (JSON text)} → a call of the assistant
                                message before it (a new one if the previous item is not the
                                assistant's), as one reply with text and calls is replayed
-    custom_tool_call           {call_id, name, input} → a call with arguments {"input": input}
+    custom_tool_call           {call_id, name, input} → a call with arguments {"input": input};
+                               a call with `status: incomplete` (cut off by the output limit,
+                               then replayed) gets arguments {} when its text does not parse
     function_call_output,
-    custom_tool_call_output    {call_id, output} → a native tool message
+    custom_tool_call_output    {call_id, output} → a native tool message (Codex sends some
+                               results by `name` alone: a tool message with no call id)
     reasoning                  kept verbatim in the stored input (encrypted_content included);
                                nothing reaches the prompt: the served model does not reason
     item_reference             {id}: the item of that id, resolved by the caller before mapping
@@ -95,9 +98,14 @@ def native_messages(items: Sequence[Mapping[str, Any]], *, where: str = "input",
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = _required_str(item, "call_id", param)
             text = _text(item.get("output"), f"{param}.output")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            call_id = item.get("call_id")
+            if call_id is None and isinstance(item.get("name"), str):
+                # Codex reports some of its own tools' results by name, with no call_id.
+                out.append({"role": "tool", "content": text})
+            else:
+                out.append({"role": "tool", "content": text,
+                            "tool_call_id": _required_str(item, "call_id", param)})
         elif kind == "item_reference":
             raise InvalidRequest(f"{param}: unresolved item_reference", param=param)
         # reasoning: nothing reaches the prompt
@@ -125,6 +133,10 @@ def _call(item: Mapping[str, Any], param: str) -> dict[str, Any]:
     try:
         arguments = json.loads(raw or "{}") if isinstance(raw, str) else raw
     except ValueError as exc:
+        if item.get("status") == "incomplete":
+            # A call cut off by the output limit, replayed as it was sent: its text never
+            # parsed. (The stored reply holds no such call, so the path matches before it.)
+            return {"id": call_id, "name": name, "arguments": {}}
         raise InvalidRequest(f"{param}.arguments: not valid JSON ({exc})",
                              param=f"{param}.arguments") from exc
     if not isinstance(arguments, dict):

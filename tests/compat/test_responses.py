@@ -128,7 +128,12 @@ def test_full_resend_with_tool_items_is_placed_by_prefix(live: Live) -> None:
                  "arguments": call.arguments},
                 {"type": "function_call_output", "call_id": call.call_id,
                  "output": "18 degrees, sunny"},
-                {"type": "reasoning", "summary": [], "encrypted_content": None}]
+                {"type": "reasoning", "summary": [], "encrypted_content": None},
+                # What Codex may replay: a call cut off by the output limit, and a result of
+                # one of its own tools named without a call id.
+                {"type": "function_call", "call_id": "call_cut", "name": call.name,
+                 "arguments": '{"city": "Par', "status": "incomplete"},
+                {"type": "function_call_output", "name": "goal_objective", "output": "noted"}]
     second = client.responses.with_raw_response.create(
         model="gpt-4.1-mini", input=history, tools=[FLAT_WEATHER], store=False,
         max_output_tokens=6, temperature=0)
