@@ -16,6 +16,7 @@ later is `response.failed` in a stream, the HTTP error of its kind otherwise.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from typing import Annotated, Any, Literal
 
@@ -134,7 +135,7 @@ async def get_response(response_id: str, tenant: TenantDep, store: StoreDep, run
                        stream: bool = False, starting_after: int | None = None) -> Response:
     running = runs.running(tenant, response_id)
     if running is not None and stream:
-        await running  # replay what it ends as
+        await asyncio.wait({running})  # replay what it ends as; a reader gone leaves it running
     record = await store.get(tenant, response_id)
     if not stream:
         return JSONResponse(record.response)

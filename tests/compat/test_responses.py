@@ -310,6 +310,13 @@ def test_background_response_is_cancelled(live: Live) -> None:
     done = client.responses.create(model="gpt-4.1-mini", input="short", max_output_tokens=2)
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(done.id)
+    # A background response read as a stream while it runs: its events once it has ended.
+    running = client.responses.create(model="gpt-4.1-mini", input="a few words",
+                                      background=True, max_output_tokens=24, temperature=0)
+    replay = _events(live, {}, f"/v1/responses/{running.id}?stream=true", "GET")
+    assert replay[0]["type"] == "response.created"
+    assert replay[-1]["type"] in ("response.completed", "response.incomplete")
+    assert replay[-1]["response"]["usage"]["output_tokens"] >= 1
 
 
 def test_conversation_is_a_moving_branch_head(live: Live) -> None:
