@@ -91,15 +91,24 @@ class ModelRunner:
     def run(self, items: Sequence[ScheduledItem]) -> torch.Tensor:
         """Forward every scheduled token; returns fp32 CPU logits for the items whose rows complete
         their sequence, in item order: one row each, or 1 + num_draft rows for drafted items."""
+        logits, _ = self.run_captured(items, ())
+        return logits
+
+    def run_captured(self, items: Sequence[ScheduledItem], layers: Sequence[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`run`, plus the residual streams entering `layers` for every scheduled row in batch
+        order (`DecoderModel.forward_captured`; None without layers). A captured forward skips
+        the static decode path: CUDA graphs are recorded without the copies."""
         input_ids, positions, batch = self.build_batch(items)
-        if self.static_decode is not None and self.static_decode.accepts(batch):
+        aux = None
+        if not layers and self.static_decode is not None and self.static_decode.accepts(batch):
             hidden = self.static_decode.forward(input_ids, positions, batch)
         else:
             attention: AttentionFn = self.backend(self.pool, batch)
             if self.has_swa:
                 attention = LayerGroups(attention, self.backend(
                     self.pool, self.sliding_batch(items, batch)))
-            hidden = self.model.forward(input_ids, positions, attention)
+            hidden, aux = self.model.forward_captured(input_ids, positions, attention, layers)
         rows: list[int] = []
         offset = 0
         for item in items:
@@ -107,7 +116,7 @@ class ModelRunner:
             if item.needs_sample:
                 rows.extend(range(offset - 1 - item.num_draft, offset))
         if not rows:
-            return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32)
+            return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32), aux
         # Sampling, grammar masks and draft acceptance run on the CPU for now, so the sampled
         # rows' fp32 logits come back to the host once per step (a no-op on the CPU).
-        return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
+        return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu(), aux

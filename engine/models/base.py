@@ -6,6 +6,7 @@ an `engine.models.decoder.DecoderModel`, which is what implements this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -50,6 +51,13 @@ class Model(Protocol):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionFn) -> torch.Tensor:
         """input_ids, positions: int64 (N,) -> final-normed hidden states (N, hidden)."""
+        ...
+
+    def forward_captured(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                         attention: AttentionFn, layers: Sequence[int]
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, and the residual streams entering `layers` side by side (N, k * hidden)
+        from the same pass (None for no layers)."""
         ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -173,7 +173,21 @@ class DecoderModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionFn) -> torch.Tensor:
         """input_ids, positions: int64 (N,). Returns final-normed hidden states (N, hidden)."""
+        hidden, _ = self.forward_captured(input_ids, positions, attention, ())
+        return hidden
+
+    @torch.inference_mode()
+    def forward_captured(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                         attention: AttentionFn, layers: Sequence[int]
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, also returning the residual stream entering each of `layers` (transformers'
+        `output_hidden_states[i]`: 0 is the scaled embedding, L the last layer's output before
+        the final norm), side by side: (N, len(layers) * hidden) in the stream's dtype, None
+        when `layers` is empty. The copies are taken in the same pass (EAGLE-3's features)."""
         cfg = self.config
+        num_layers = len(self.weights.layers)
+        if any(not 0 <= i <= num_layers for i in layers):
+            raise ValueError(f"capture layers {tuple(layers)} outside 0..{num_layers}")
         linears = self._linears(input_ids.shape[0])
         # The C row ops serve any CPU forward of a packed model (decode on codes, extend on
         # oneDNN weights, fp32 or mixed precision's bf16); the torch ops are the reference.
@@ -183,10 +197,16 @@ class DecoderModel:
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
         x = x.contiguous()
         positions = positions.contiguous()
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.weights.layers):
+            if i in layers:
+                captured[i] = x.clone()  # the layer updates x in place
             decoder_layer(ops, cfg, layer, linears[i], self.attention_specs[i], x, positions,
                           self._rotary[i], attention)
-        return ops.rms_norm(x, self.weights.norm, cfg.rms_norm_eps, x.dtype)
+        if num_layers in layers:
+            captured[num_layers] = x.clone()
+        aux = torch.cat([captured[i] for i in layers], dim=-1) if layers else None
+        return ops.rms_norm(x, self.weights.norm, cfg.rms_norm_eps, x.dtype), aux
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
