@@ -60,3 +60,9 @@ class InvalidToolSchema(InvalidRequest):
     """A tool's arguments schema is not a JSON object schema the grammar backend can compile."""
 
     error_type = "invalid_tool_schema"
+
+
+class InvalidDraftHead(InvalidRequest):
+    """A draft head given with `--spec` cannot serve this target: its files are missing or
+    damaged, or its config or tensors do not fit the target. Raised at start; the message names
+    the file and the field or tensor, with the expected and the actual value."""
