@@ -8,10 +8,14 @@ when a request ends (its tokens may feed later drafts).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.core import Request
+    from engine.scheduler.scheduler import ScheduledItem
 
 
 class Drafter(Protocol):
@@ -26,6 +30,18 @@ class Drafter(Protocol):
     def finish(self, request: Request) -> None: ...
 
     def check_invariants(self) -> None: ...
+
+
+@runtime_checkable
+class FeatureDrafter(Protocol):
+    """A drafter that reads the target's hidden states (EAGLE-3): the engine's forward captures
+    the residual streams entering `capture_layers` and hands every scheduled row over."""
+
+    capture_layers: Sequence[int]
+
+    def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
+        """`aux`: (num scheduled rows, len(capture_layers) * hidden), in batch order."""
+        ...
 
 
 class AdaptiveLength:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from engine.errors import InvalidRequest
 from engine.spec.gate import DraftGateConfig
 from engine.spec.speculator import Speculator
@@ -12,7 +14,7 @@ from engine.spec.suffix_drafter import SuffixDrafter, SuffixDrafterConfig
 if TYPE_CHECKING:
     from engine.models.loader import LoadedModel
 
-SPEC_CHOICES = ("none", "suffix", "draft:<model path>")
+SPEC_CHOICES = ("none", "suffix", "draft:<model path>", "eagle3:<head folder>")
 
 
 def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
@@ -33,4 +35,12 @@ def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
 
         return Speculator(ModelDrafter.from_path(spec.removeprefix("draft:"), target,
                                                  max_draft_len), max_draft_len, gate)
+    if spec.startswith("eagle3:"):
+        from engine.spec.eagle3_drafter import Eagle3Drafter
+        from engine.spec.eagle3_head import load_eagle3_head
+
+        model = target.model
+        head = load_eagle3_head(spec.removeprefix("eagle3:"), target_config=model.config,
+                                target_embed=model.weights.embed, dtype=torch.float32)
+        return Speculator(Eagle3Drafter(head, max_draft_len), max_draft_len, gate)
     raise InvalidRequest(f"speculative mode '{spec}' is unknown; choose from {SPEC_CHOICES}")

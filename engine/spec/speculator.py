@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.sampling import TokenChoice
-from engine.spec.drafter import Drafter
+from engine.spec.drafter import Drafter, FeatureDrafter
 from engine.spec.gate import DraftGate, DraftGateConfig
 from engine.spec.verify import RowMasker, verify_draft
 
@@ -40,6 +40,11 @@ class Speculator:
     def __init__(self, drafter: Drafter, max_draft_len: int,
                  gate: DraftGateConfig | None = None) -> None:
         self.drafter = drafter
+        # A drafter on the target's own features (EAGLE-3) names the layers the target's
+        # forward captures for it, and takes them through `record_features`.
+        self.features = drafter if isinstance(drafter, FeatureDrafter) else None
+        self.capture_layers: tuple[int, ...] = (
+            tuple(self.features.capture_layers) if self.features else ())
         self.max_draft_len = max_draft_len
         self.gate = DraftGate(gate)
         self.num_drafted = 0
@@ -92,6 +97,11 @@ class Speculator:
         for item in items:
             item.request.draft_ids = []
         return out
+
+    def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
+        """Hand the forward's captured rows (`capture_layers`, batch order) to the drafter."""
+        if self.features is not None:
+            self.features.record_features(items, aux)
 
     def record(self, request: Request, num_drafted: int, num_emitted: int) -> None:
         """Count draft tokens proposed, and accepted ones as they reach the output (a stop

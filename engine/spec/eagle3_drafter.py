@@ -1,0 +1,156 @@
+"""The EAGLE-3 drafter, as a chain: a head on the target's own features guesses the next tokens.
+
+The target forward the engine already runs captures the residual streams entering the head's
+layers (`ModelRunner.run_captured`); `record_features` keeps each computed position's row. The
+head's input at position p is (the target's features at p, token p + 1) and it predicts token
+p + 2, so once the target has computed position p and token p + 1 is known, the head can take p.
+
+    propose   per request, one batched head pass over the positions computed since its last
+              proposal (their features, the tokens after them), then greedy draft steps: step 1
+              reads the last extended position's logits, step j feeds step j - 1's token with
+              its hidden output at the next position. The head KV of the draft steps is cut
+              away afterwards, so the cache only ever holds positions of real tokens.
+
+Rows of rejected draft tokens are never extended into the head: a position's features count only
+once the engine has computed it (`num_computed` moves over accepted tokens only). Positions a
+prefix-cache hit skipped have no features here; the head starts after them and attends to what
+it has (drafts may be weaker after a hit; verification keeps the output exact either way).
+Correctness never depends on the head (the verify is exact); acceptance does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.spec.eagle3_head import Eagle3Head, HeadKV
+
+if TYPE_CHECKING:
+    from engine.core import Request
+    from engine.scheduler.scheduler import ScheduledItem
+
+
+@dataclass(eq=False)
+class _HeadSeq:
+    """One request's head state: its KV over positions [first_pos, next_pos), the captured
+    features of computed positions not yet extended (by position), and the last extended
+    position's logits and hidden output."""
+
+    kv: HeadKV
+    features: dict[int, torch.Tensor] = field(default_factory=dict)
+    next_pos: int = -1  # the next position to extend (-1: none yet)
+    last_logits: torch.Tensor | None = None
+    last_hidden: torch.Tensor | None = None
+
+
+class Eagle3Drafter:
+    name = "eagle3"
+
+    def __init__(self, head: Eagle3Head, max_draft_len: int) -> None:
+        self.head = head
+        self.max_draft_len = max_draft_len
+        self.capture_layers = head.config.captured_layer_ids
+        self._seqs: dict[str, _HeadSeq] = {}
+
+    def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
+        """Keep the captured rows of each scheduled item (batch order), by position. Rows of
+        draft tokens are kept too and dropped unless the engine computes those positions."""
+        offset = 0
+        for item in items:
+            seq = self._seqs.get(item.request.request_id)
+            if seq is None:
+                seq = self._seqs[item.request.request_id] = _HeadSeq(self.head.new_kv())
+            for i in range(item.num_tokens):
+                seq.features[item.start + i] = aux[offset + i]
+            offset += item.num_tokens
+
+    def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in requests]
+        extended = self._extend(requests)
+        live = [i for i in extended if max_lens[i] > 0]
+        if not live:
+            return drafts
+        seqs = [self._seqs[requests[i].request_id] for i in live]
+        logits = torch.stack([s.last_logits for s in seqs if s.last_logits is not None])
+        hidden = torch.stack([s.last_hidden for s in seqs if s.last_hidden is not None])
+        positions = torch.tensor([requests[i].seq_len for i in live], dtype=torch.long)
+        kept = [s.kv.num_tokens for s in seqs]
+        steps = max(max_lens[i] for i in live)
+        for step in range(steps):
+            tokens = self.head.top_k(logits, 1).token_ids[:, 0]
+            for row, i in enumerate(live):
+                if step < max_lens[i]:
+                    drafts[i].append(int(tokens[row]))
+            if step + 1 == steps:
+                break
+            # The head's next position is seq_len - 1 + step: its token is the one just
+            # drafted, its features the head's own output (the target has not computed it).
+            out = self.head.forward(tokens, hidden, positions - 1 + step,
+                                    [s.kv for s in seqs], [1] * len(seqs))
+            logits, hidden = out.logits, out.hidden
+        for seq, num_tokens in zip(seqs, kept, strict=True):
+            seq.kv.truncate(num_tokens)  # draft positions are guesses, never kept
+        return drafts
+
+    def _extend(self, requests: list[Request]) -> list[int]:
+        """Extend each request's head over its newly computed positions (one batched pass);
+        the indices of the requests whose last computed position is extended."""
+        batch: list[tuple[int, _HeadSeq, list[int]]] = []
+        for i, req in enumerate(requests):
+            seq = self._seqs.get(req.request_id)
+            last = req.num_computed - 1  # token last + 1 is known: the head can take `last`
+            if seq is None or seq.next_pos == last + 1:
+                continue
+            if 0 <= seq.next_pos <= last and all(p in seq.features
+                                                 for p in range(seq.next_pos, last + 1)):
+                start = seq.next_pos
+            elif last in seq.features:
+                start = self._restart(seq, last)
+            else:
+                continue  # nothing captured at the last position: not drafted this step
+            batch.append((i, seq, list(range(start, last + 1))))
+        if batch:
+            ids = [requests[i].all_ids for i, _, _ in batch]
+            tokens = torch.tensor([ids[k][p + 1] for k, (_, _, pos) in enumerate(batch)
+                                   for p in pos], dtype=torch.long)
+            features = torch.stack([seq.features[p] for _, seq, pos in batch for p in pos])
+            positions_t = torch.tensor([p for _, _, pos in batch for p in pos], dtype=torch.long)
+            out = self.head.forward(tokens, features, positions_t, [s.kv for _, s, _ in batch],
+                                    [len(pos) for _, _, pos in batch])
+            end = 0
+            for _, seq, pos in batch:
+                end += len(pos)
+                seq.last_logits, seq.last_hidden = out.logits[end - 1], out.hidden[end - 1]
+                seq.next_pos = pos[-1] + 1
+        for req in requests:
+            seq = self._seqs.get(req.request_id)
+            if seq is not None:  # features up to the extended position are spent
+                for p in [p for p in seq.features if p < seq.next_pos]:
+                    del seq.features[p]
+        return [i for i, req in enumerate(requests)
+                if (seq := self._seqs.get(req.request_id)) is not None
+                and seq.next_pos == req.num_computed and seq.last_logits is not None]
+
+    def _restart(self, seq: _HeadSeq, last: int) -> int:
+        """The first position of the contiguous run of features ending at `last` (the head
+        starts over there: positions before it have no features, e.g. a prefix-cache hit)."""
+        start = last
+        while start - 1 in seq.features:
+            start -= 1
+        seq.kv.truncate(0)
+        seq.next_pos = start
+        return start
+
+    def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        """Nothing to undo: draft positions never stay in the head's cache."""
+
+    def finish(self, request: Request) -> None:
+        self._seqs.pop(request.request_id, None)
+
+    def check_invariants(self) -> None:
+        for seq in self._seqs.values():
+            seq.kv.check_invariants()
+            assert seq.next_pos < 0 or all(p >= seq.next_pos for p in seq.features)

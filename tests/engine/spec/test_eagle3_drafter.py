@@ -1,0 +1,150 @@
+"""The EAGLE-3 chain drafter: its incremental bookkeeping (features captured by the engine's own
+forwards, the head extended over computed positions only, draft positions cut away) gives the
+drafts a from-scratch computation gives; in the engine, greedy output is identical to drafting
+off, with chunked prefills and prefix-cache hits; `--spec eagle3:<dir>` loads or refuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
+
+from engine.attention.dense import DenseAttention
+from engine.core import Request
+from engine.errors import InvalidDraftHead
+from engine.models.loader import LoadedModel
+from engine.sampling_params import SamplingParams
+from engine.scheduler.scheduler import ScheduledItem
+from engine.spec.eagle3_checkpoint import random_eagle3_head, save_eagle3_head
+from engine.spec.eagle3_drafter import Eagle3Drafter
+from engine.spec.eagle3_head import Eagle3Head, load_eagle3_head
+from engine.spec.factory import make_speculator
+from tests.engine.spec.test_spec_engine import (
+    assert_pool_baseline,
+    make_engine,
+    repetitive_prompts,
+    run,
+)
+
+LAYERS = (0, 1)  # the tiny target has 2 layers: the embedding and layer 1's input
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory: pytest.TempPathFactory, tiny: LoadedModel) -> Path:
+    folder = tmp_path_factory.mktemp("eagle3")
+    save_eagle3_head(folder, random_eagle3_head(tiny.model.config, 512, seed=3, scale=0.2,
+                                                captured_layer_ids=LAYERS))
+    return folder
+
+
+def _head(tiny: LoadedModel, head_dir: Path) -> Eagle3Head:
+    return load_eagle3_head(head_dir, target_config=tiny.model.config,
+                            target_embed=tiny.model.weights.embed, dtype=torch.float32)
+
+
+@dataclass(eq=False)
+class _Req:
+    """What the drafter reads of a request."""
+
+    request_id: str
+    all_ids: list[int]
+    num_computed: int = 0
+    draft_ids: list[int] = field(default_factory=list)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.all_ids)
+
+
+def _features(tiny: LoadedModel, ids: list[int]) -> torch.Tensor:
+    n = len(ids)
+    _, aux = tiny.model.forward_captured(torch.tensor(ids), torch.arange(n),
+                                         DenseAttention([n]), LAYERS)
+    assert aux is not None
+    return aux
+
+
+def _reference_drafts(head: Eagle3Head, aux: torch.Tensor, ids: list[int], k: int) -> list[int]:
+    """The chain from scratch: the head over positions 0 .. n-2, then k greedy steps."""
+    n = len(ids)
+    kv = head.new_kv()
+    out = head.forward(torch.tensor(ids[1:]), aux[: n - 1], torch.arange(n - 1), [kv], [n - 1])
+    logits, hidden = out.logits[-1:], out.hidden[-1:]
+    drafts: list[int] = []
+    for step in range(k):
+        token = head.top_k(logits, 1).token_ids[:, 0]
+        drafts.append(int(token[0]))
+        out = head.forward(token, hidden, torch.tensor([n - 1 + step]), [kv], [1])
+        logits, hidden = out.logits, out.hidden
+    return drafts
+
+
+def test_incremental_drafts_equal_a_fresh_computation(tiny: LoadedModel, head_dir: Path) -> None:
+    head = _head(tiny, head_dir)
+    drafter = Eagle3Drafter(head, max_draft_len=4)
+    ids = tiny.tokenizer.encode("alpha beta gamma delta epsilon zeta eta theta " * 4)[:30]
+    req = _Req("r", list(ids))
+    as_req = cast(Request, req)
+    # A chunked prefill of positions 0..28 (29 and the sampled token are not computed yet).
+    aux = _features(tiny, ids)
+    drafter.record_features([ScheduledItem(as_req, 0, 12)], aux[:12])
+    drafter.record_features([ScheduledItem(as_req, 12, 17)], aux[12:29])
+    req.num_computed = 29
+    [drafts] = drafter.propose([as_req], [4])
+    assert drafts == _reference_drafts(head, aux, ids, 4)
+    # Verification: two drafts accepted, then a correction; their positions were computed in
+    # the verify forward (with the drafts, so the rows after the accepted ones are stale).
+    verified = [*ids, drafts[0], drafts[1], 7]
+    stale = _features(tiny, [*ids, *drafts])
+    fresh = _features(tiny, verified)
+    drafter.record_features([ScheduledItem(as_req, 29, 5, num_draft=4)], stale[29:34])
+    req.all_ids, req.num_computed = verified, 32
+    drafter.check_invariants()
+    [again] = drafter.propose([as_req], [3])
+    assert torch.allclose(stale[29:32], fresh[29:32])  # the accepted rows are the true ones
+    assert again == _reference_drafts(head, fresh, verified, 3)
+    drafter.finish(as_req)
+    drafter.check_invariants()
+
+
+def test_after_a_prefix_hit_the_head_starts_at_the_first_captured_position(
+        tiny: LoadedModel, head_dir: Path) -> None:
+    head = _head(tiny, head_dir)
+    drafter = Eagle3Drafter(head, max_draft_len=3)
+    ids = tiny.tokenizer.encode("one two three four five six seven eight nine ten " * 3)[:16]
+    assert len(ids) == 16
+    req = _Req("hit", list(ids), num_computed=15)
+    aux = _features(tiny, ids)
+    # Positions 0..11 came from the cache: only 12..14 were computed by this request.
+    drafter.record_features([ScheduledItem(cast(Request, req), 12, 3)], aux[12:15])
+    [drafts] = drafter.propose([cast(Request, req)], [3])
+    kv = head.new_kv()
+    out = head.forward(torch.tensor(ids[13:16]), aux[12:15], torch.arange(12, 15), [kv], [3])
+    assert drafts[0] == int(head.top_k(out.logits[-1:], 1).token_ids[0, 0])
+    assert len(drafts) == 3
+
+
+@pytest.mark.parametrize("max_batch_tokens", [64, 5])
+def test_eagle3_drafting_keeps_greedy_output(tiny: LoadedModel, head_dir: Path,
+                                             max_batch_tokens: int) -> None:
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = repetitive_prompts(tiny)
+    plain = run(make_engine(tiny, "none", max_batch_tokens=max_batch_tokens), prompts, params)
+    engine = make_engine(tiny, f"eagle3:{head_dir}", max_batch_tokens=max_batch_tokens)
+    for _ in range(2):  # the second pass hits the prefix cache
+        spec = run(engine, prompts, params)
+        for rid, done in plain.items():
+            assert spec[rid].output_token_ids == done.output_token_ids, rid
+    assert engine.stats().num_drafted > 0
+    assert_pool_baseline(engine)
+
+
+def test_spec_setting_loads_or_refuses(tiny: LoadedModel, head_dir: Path,
+                                       tmp_path: Path) -> None:
+    speculator = make_speculator(f"eagle3:{head_dir}", 4, tiny)
+    assert speculator is not None and speculator.capture_layers == LAYERS
+    with pytest.raises(InvalidDraftHead):
+        make_speculator(f"eagle3:{tmp_path / 'missing'}", 4, tiny)
