@@ -86,7 +86,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help='speculative drafting: "suffix" (from the trajectory, default), '
                              '"draft:<model path>" (a smaller model, same tokenizer), '
                              '"eagle3:<head folder>" (an EAGLE-3 head in the public format, '
-                             'drafting a chain) or "none"')
+                             'drafting a chain), "eagle3+suffix:<head folder>" (the head, and '
+                             'the trajectory where it re-emits text) or "none"')
     parser.add_argument("--max-draft-len", type=int, default=8,
                         help="most draft tokens verified per request per step")
     parser.add_argument("--draft-backoff", type=int, default=16, metavar="N",

@@ -1,4 +1,4 @@
-"""Builds the engine's speculator from the `spec` setting: "none", "suffix" or "draft:<path>"."""
+"""Builds the engine's speculator from the `spec` setting (`SPEC_CHOICES`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.errors import InvalidRequest
+from engine.spec.drafter import Drafter
 from engine.spec.gate import DraftGateConfig
 from engine.spec.speculator import Speculator
 from engine.spec.suffix_drafter import SuffixDrafter, SuffixDrafterConfig
@@ -14,7 +15,8 @@ from engine.spec.suffix_drafter import SuffixDrafter, SuffixDrafterConfig
 if TYPE_CHECKING:
     from engine.models.loader import LoadedModel
 
-SPEC_CHOICES = ("none", "suffix", "draft:<model path>", "eagle3:<head folder>")
+SPEC_CHOICES = ("none", "suffix", "draft:<model path>", "eagle3:<head folder>",
+                "eagle3+suffix:<head folder>")
 
 
 def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
@@ -35,12 +37,25 @@ def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
 
         return Speculator(ModelDrafter.from_path(spec.removeprefix("draft:"), target,
                                                  max_draft_len), max_draft_len, gate)
-    if spec.startswith("eagle3:"):
-        from engine.spec.eagle3_drafter import Eagle3Drafter
-        from engine.spec.eagle3_head import load_eagle3_head
-
-        model = target.model
-        head = load_eagle3_head(spec.removeprefix("eagle3:"), target_config=model.config,
-                                target_embed=model.weights.embed, dtype=torch.float32)
-        return Speculator(Eagle3Drafter(head, max_draft_len), max_draft_len, gate)
+    if spec.startswith(("eagle3:", "eagle3+suffix:")):
+        kind, _, path = spec.partition(":")
+        return Speculator(_eagle3_drafter(kind, path, target, max_draft_len), max_draft_len,
+                          gate)
     raise InvalidRequest(f"speculative mode '{spec}' is unknown; choose from {SPEC_CHOICES}")
+
+
+def _eagle3_drafter(kind: str, path: str, target: LoadedModel, max_draft_len: int
+                    ) -> Drafter:
+    """The head in `path` drafting alone ("eagle3") or with the suffix drafter taking long
+    matches ("eagle3+suffix"). Raises InvalidDraftHead when the head does not fit `target`."""
+    from engine.spec.eagle3_drafter import Eagle3Drafter
+    from engine.spec.eagle3_head import load_eagle3_head
+    from engine.spec.hybrid_drafter import HybridDrafter
+
+    model = target.model
+    head = load_eagle3_head(path, target_config=model.config, target_embed=model.weights.embed,
+                            dtype=torch.float32)
+    eagle = Eagle3Drafter(head, max_draft_len)
+    if kind == "eagle3":
+        return eagle
+    return HybridDrafter(SuffixDrafter(SuffixDrafterConfig(max_draft_len=max_draft_len)), eagle)

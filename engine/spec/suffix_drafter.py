@@ -68,6 +68,12 @@ class SuffixDrafter:
         self._recent: OrderedDict[str, _Corpus] = OrderedDict()
 
     def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
+        return [tokens for _, tokens in self.propose_matched(requests, max_lens)]
+
+    def propose_matched(self, requests: list[Request], max_lens: list[int]
+                        ) -> list[tuple[int, list[int]]]:
+        """`propose`, with the length of the match each draft continues (0: none): a long
+        match is re-emitted text, where these drafts are usually right."""
         return [self._propose_one(req, max_len)
                 for req, max_len in zip(requests, max_lens, strict=True)]
 
@@ -98,7 +104,7 @@ class SuffixDrafter:
 
     # ----- internals -----
 
-    def _propose_one(self, req: Request, max_len: int) -> list[int]:
+    def _propose_one(self, req: Request, max_len: int) -> tuple[int, list[int]]:
         state = self._requests.setdefault(req.request_id, _RequestState())
         context = req.all_ids
         # Indexing registers each n-gram with its follower, so the current suffix itself (which
@@ -117,7 +123,7 @@ class SuffixDrafter:
             tokens = _cut(tokens)
             if n > best_n and tokens:
                 best_n, best = n, tokens
-        return best
+        return (best_n if best else 0), best
 
     @staticmethod
     def _lru(table: OrderedDict[Any, _Corpus], key: object, max_tokens: int,

@@ -1,7 +1,8 @@
 """The EAGLE-3 chain drafter: its incremental bookkeeping (features captured by the engine's own
 forwards, the head extended over computed positions only, draft positions cut away) gives the
 drafts a from-scratch computation gives; in the engine, greedy output is identical to drafting
-off, with chunked prefills and prefix-cache hits; `--spec eagle3:<dir>` loads or refuses."""
+off, with chunked prefills and prefix-cache hits, alone and with the suffix drafter taking long
+matches (`eagle3+suffix`); `--spec eagle3:<dir>` loads or refuses."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from engine.spec.eagle3_checkpoint import random_eagle3_head, save_eagle3_head
 from engine.spec.eagle3_drafter import Eagle3Drafter
 from engine.spec.eagle3_head import Eagle3Head, load_eagle3_head
 from engine.spec.factory import make_speculator
+from engine.spec.hybrid_drafter import HybridDrafter
 from tests.engine.spec.test_spec_engine import (
     assert_pool_baseline,
     make_engine,
@@ -148,3 +150,19 @@ def test_spec_setting_loads_or_refuses(tiny: LoadedModel, head_dir: Path,
     assert speculator is not None and speculator.capture_layers == LAYERS
     with pytest.raises(InvalidDraftHead):
         make_speculator(f"eagle3:{tmp_path / 'missing'}", 4, tiny)
+
+
+def test_hybrid_takes_long_matches_from_the_suffix_drafter(tiny: LoadedModel,
+                                                          head_dir: Path) -> None:
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = repetitive_prompts(tiny)
+    plain = run(make_engine(tiny, "none"), prompts, params)
+    engine = make_engine(tiny, f"eagle3+suffix:{head_dir}")
+    assert engine.speculator is not None
+    drafter = cast(HybridDrafter, engine.speculator.drafter)
+    for _ in range(2):  # the second pass re-emits the first one's output: long matches
+        spec = run(engine, prompts, params, session="s1")
+        for rid, done in plain.items():
+            assert spec[rid].output_token_ids == done.output_token_ids, rid
+    assert drafter.num_suffix_drafts > 0 and drafter.num_head_drafts > 0
+    assert_pool_baseline(engine)

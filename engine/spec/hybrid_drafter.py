@@ -1,0 +1,74 @@
+"""The trajectory drafter and an EAGLE-3 head together: per request and step, the suffix drafter's
+proposal where it continues a long match (text the agent re-emits: file content, JSON it has
+seen, paths), the head's everywhere else (new prose, where the suffix drafter has nothing).
+
+The head is kept current for every request, drafting or not (its `propose` with no room only
+extends it over the newly computed positions), so switching sources costs nothing. `observe`
+reaches the drafter whose draft was verified: the suffix drafter adapts its draft length to its
+own hits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.spec.eagle3_drafter import Eagle3Drafter
+from engine.spec.suffix_drafter import SuffixDrafter
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.core import Request
+    from engine.scheduler.scheduler import ScheduledItem
+
+# A match of at least this many tokens is re-emitted text: the suffix drafter's long drafts are
+# then mostly accepted, where a head's acceptance falls with each step.
+DEFAULT_MIN_MATCH_LEN = 4
+
+
+class HybridDrafter:
+    name = "eagle3+suffix"
+
+    def __init__(self, suffix: SuffixDrafter, eagle: Eagle3Drafter,
+                 min_match_len: int = DEFAULT_MIN_MATCH_LEN) -> None:
+        self.suffix = suffix
+        self.eagle = eagle
+        self.min_match_len = min_match_len
+        self.capture_layers = eagle.capture_layers
+        self._from_suffix: dict[str, bool] = {}  # which drafter made a request's last draft
+        self.num_suffix_drafts = 0
+        self.num_head_drafts = 0
+
+    def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
+        self.eagle.record_features(items, aux)
+
+    def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
+        matched = self.suffix.propose_matched(requests, max_lens)
+        use_suffix = [n >= self.min_match_len and bool(tokens) for n, tokens in matched]
+        head = self.eagle.propose(requests, [0 if taken else room
+                                             for taken, room in zip(use_suffix, max_lens,
+                                                                    strict=True)])
+        drafts: list[list[int]] = []
+        for req, taken, (_, tokens), guess in zip(requests, use_suffix, matched, head,
+                                                  strict=True):
+            self._from_suffix[req.request_id] = taken
+            drafts.append(tokens if taken else guess)
+            self.num_suffix_drafts += taken and bool(tokens)
+            self.num_head_drafts += (not taken) and bool(guess)
+        return drafts
+
+    def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        if self._from_suffix.get(request.request_id):
+            self.suffix.observe(request, num_drafted, num_accepted)
+        else:
+            self.eagle.observe(request, num_drafted, num_accepted)
+
+    def finish(self, request: Request) -> None:
+        self._from_suffix.pop(request.request_id, None)
+        self.suffix.finish(request)
+        self.eagle.finish(request)
+
+    def check_invariants(self) -> None:
+        self.suffix.check_invariants()
+        self.eagle.check_invariants()
