@@ -12,14 +12,21 @@ p + 2, so once the target has computed position p and token p + 1 is known, the 
               away afterwards, so the cache only ever holds positions of real tokens.
 
 Rows of rejected draft tokens are never extended into the head: a position's features count only
-once the engine has computed it (`num_computed` moves over accepted tokens only). Positions a
-prefix-cache hit skipped have no features here; the head starts after them and attends to what
-it has (drafts may be weaker after a hit; verification keeps the output exact either way).
-Correctness never depends on the head (the verify is exact); acceptance does.
+once the engine has computed it (`num_computed` moves over accepted tokens only).
+
+Prefix-cache hits: positions the hit skipped have no features in this request. An agent's next
+turn hits the cache on its session's previous turn, so the head's KV of a finished request is
+kept per session (`HeadKVCache`, LRU) and a new request of that session adopts it for the
+longest common token prefix less one position: the head's row at position p read token p + 1,
+which is only the same where the next token is too (the boundary SGLang keys its radix cache by
+bigrams for). Where the adopted rows and this request's computed positions leave a gap, the head
+starts over at the first computed position and attends to what it has (drafts may be weaker;
+verification keeps the output exact either way). Correctness never depends on the head.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,14 +53,50 @@ class _HeadSeq:
     last_hidden: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A finished request's head KV and the tokens it covers (token_ids[p + 1] read at p)."""
+
+    token_ids: tuple[int, ...]
+    kv: HeadKV
+    first_pos: int  # the position of the KV's first row
+    next_pos: int
+
+
+class HeadKVCache:
+    """Per (namespace, session): the head KV of the session's last finished request. LRU of
+    `max_sessions`."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
+
+    def put(self, key: tuple[str, str], kept: _Kept) -> None:
+        self._kept[key] = kept
+        self._kept.move_to_end(key)
+        while len(self._kept) > self.max_sessions:
+            self._kept.popitem(last=False)
+
+    def take(self, key: tuple[str, str]) -> _Kept | None:
+        return self._kept.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+DEFAULT_KEPT_SESSIONS = 16  # head KV of 8k tokens is ~12 MB in fp32 for SmolLM2's head
+
+
 class Eagle3Drafter:
     name = "eagle3"
 
-    def __init__(self, head: Eagle3Head, max_draft_len: int) -> None:
+    def __init__(self, head: Eagle3Head, max_draft_len: int,
+                 max_kept_sessions: int = DEFAULT_KEPT_SESSIONS) -> None:
         self.head = head
         self.max_draft_len = max_draft_len
         self.capture_layers = head.config.captured_layer_ids
         self._seqs: dict[str, _HeadSeq] = {}
+        self.kept = HeadKVCache(max_kept_sessions)
 
     def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
         """Keep the captured rows of each scheduled item (batch order), by position. Rows of
@@ -62,7 +105,7 @@ class Eagle3Drafter:
         for item in items:
             seq = self._seqs.get(item.request.request_id)
             if seq is None:
-                seq = self._seqs[item.request.request_id] = _HeadSeq(self.head.new_kv())
+                seq = self._seqs[item.request.request_id] = self._adopt(item.request)
             for i in range(item.num_tokens):
                 seq.features[item.start + i] = aux[offset + i]
             offset += item.num_tokens
@@ -144,11 +187,36 @@ class Eagle3Drafter:
         seq.next_pos = start
         return start
 
+    def _adopt(self, req: Request) -> _HeadSeq:
+        """A new request's head state: its session's kept KV over the common token prefix
+        less one position (see the module docstring), else empty."""
+        seq = _HeadSeq(self.head.new_kv())
+        kept = self.kept.take((req.namespace, req.session_id)) if req.session_id else None
+        if kept is None:
+            return seq
+        ids = req.all_ids
+        common = 0
+        limit = min(len(ids), len(kept.token_ids))
+        while common < limit and ids[common] == kept.token_ids[common]:
+            common += 1
+        # Row p is valid while token p + 1 is shared: positions < common - 1.
+        end = min(kept.next_pos, common - 1)
+        if end > kept.first_pos:
+            kept.kv.truncate(end - kept.first_pos)
+            seq.kv, seq.next_pos = kept.kv, end
+        return seq
+
     def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """Nothing to undo: draft positions never stay in the head's cache."""
 
     def finish(self, request: Request) -> None:
-        self._seqs.pop(request.request_id, None)
+        seq = self._seqs.pop(request.request_id, None)
+        if seq is None or request.session_id is None or seq.next_pos <= 0:
+            return
+        first_pos = seq.next_pos - seq.kv.num_tokens
+        self.kept.put((request.namespace, request.session_id),
+                      _Kept(tuple(request.all_ids[: seq.next_pos + 1]), seq.kv, first_pos,
+                            seq.next_pos))
 
     def check_invariants(self) -> None:
         for seq in self._seqs.values():

@@ -55,6 +55,8 @@ class _Req:
     all_ids: list[int]
     num_computed: int = 0
     draft_ids: list[int] = field(default_factory=list)
+    namespace: str = "ns"
+    session_id: str | None = None
 
     @property
     def seq_len(self) -> int:
@@ -166,3 +168,36 @@ def test_hybrid_takes_long_matches_from_the_suffix_drafter(tiny: LoadedModel,
             assert spec[rid].output_token_ids == done.output_token_ids, rid
     assert drafter.num_suffix_drafts > 0 and drafter.num_head_drafts > 0
     assert_pool_baseline(engine)
+
+
+@pytest.mark.parametrize("diverge_at", [None, 20])
+def test_next_turn_adopts_the_sessions_head_kv(tiny: LoadedModel, head_dir: Path,
+                                              diverge_at: int | None) -> None:
+    """Turn 2 hits the prefix cache on turn 1 (features only from position 16 on), yet drafts as
+    if the head had read every position: it adopts turn 1's head KV up to the last position
+    whose next token both turns share."""
+    head = _head(tiny, head_dir)
+    drafter = Eagle3Drafter(head, max_draft_len=3)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu "
+    first_ids = tiny.tokenizer.encode(words * 4)[:30]
+    first = _Req("t1", list(first_ids), session_id="s1")
+    first_r = cast(Request, first)
+    drafter.record_features([ScheduledItem(first_r, 0, 29)], _features(tiny, first_ids)[:29])
+    first.num_computed = 29
+    drafter.propose([first_r], [3])
+    drafter.finish(first_r)
+    assert len(drafter.kept) == 1
+
+    second_ids = [*first_ids, *tiny.tokenizer.encode(" nu xi omicron pi rho sigma tau")[:10]]
+    if diverge_at is not None:  # an edited earlier message: shared only up to there
+        second_ids[diverge_at] = 42
+    second = _Req("t2", second_ids, session_id="s1")
+    second_r = cast(Request, second)
+    aux = _features(tiny, second_ids)
+    n = len(second_ids)
+    drafter.record_features([ScheduledItem(second_r, 16, n - 1 - 16)], aux[16 : n - 1])
+    second.num_computed = n - 1
+    [drafts] = drafter.propose([second_r], [3])
+    assert drafter._seqs["t2"].kv.num_tokens == n - 1  # every position, none recomputed here
+    assert drafts == _reference_drafts(head, aux, second_ids, 3)
+    drafter.check_invariants()
