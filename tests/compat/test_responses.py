@@ -411,3 +411,18 @@ def test_context_overflow_is_a_400_or_response_failed(live: Live) -> None:
     assert [e["type"] for e in events][-1] == "response.failed"
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded"
+
+
+def test_prompt_cache_key_names_the_session(live: Live) -> None:
+    client = live.openai()
+    sessions = set()
+    for text in ("first conversation", "an unrelated one"):
+        raw = client.responses.with_raw_response.create(
+            model="gpt-4.1-mini", input=text, store=False, prompt_cache_key="agent-7",
+            max_output_tokens=2, temperature=0)
+        sessions.add(raw.headers["x-radixgate-session-id"])
+    other = client.responses.with_raw_response.create(
+        model="gpt-4.1-mini", input="first conversation", store=False,
+        prompt_cache_key="agent-8", max_output_tokens=2, temperature=0)
+    assert len(sessions) == 1  # one session (one worker) per key, whatever the prompt
+    assert other.headers["x-radixgate-session-id"] not in sessions
