@@ -32,7 +32,8 @@ from gateway.compat.responses_service import Outcome, ResponsesService, response
 from gateway.compat.responses_store import ResponseStore, StoredResponse
 from gateway.compat.runner import TURN_HEADER, CompatDep
 from gateway.deps import TenantDep
-from gateway.errors import ApiError, wire_error
+from gateway.error_catalog import retry_headers
+from gateway.errors import ApiError, exception_error, status_for
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
 from gateway.views import SSE_HEADERS
 
@@ -113,11 +114,13 @@ async def _frames(events: RunEvents, task: Any, background: bool
 
 
 def _outcome_response(outcome: Outcome, headers: dict[str, str]) -> JSONResponse:
-    error = outcome.response.get("error")
-    if outcome.error_status is not None and error:
-        status, body = wire_error("openai", outcome.error_status, error["code"],
-                                  error["message"], None)
-        return JSONResponse(body, status_code=status)
+    """The JSON answer: the response, or for a failed one the HTTP error of its failure (with
+    `Retry-After` where waiting helps, e.g. a store outage)."""
+    if outcome.failure is not None:
+        status, error_type = status_for(outcome.failure)
+        status, body = exception_error("openai", outcome.failure, None)
+        return JSONResponse(body, status_code=status,
+                            headers=retry_headers(error_type, status))
     return JSONResponse(outcome.response, headers=headers)
 
 

@@ -69,10 +69,11 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A finished response; `error_status`: the HTTP status of its failure, if it failed."""
+    """A finished response; `failure`: the exception it failed with, if it failed (its HTTP
+    answer when not streamed)."""
 
     response: dict[str, Any]
-    error_status: int | None = None
+    failure: Exception | None = None
 
 
 class ResponsesService:
@@ -206,7 +207,7 @@ class ResponsesService:
         for event in events.begin():
             emit(event)
         ended: TurnEnded | None = None
-        status, error, error_status = "completed", None, None
+        status, error, failure = "completed", None, None
         try:
             async with aclosing(started.events) as stream:
                 async for item in stream:
@@ -218,9 +219,7 @@ class ResponsesService:
         except asyncio.CancelledError:
             status = "cancelled"
         except Exception as exc:  # noqa: BLE001 - a failed generation is a failed response
-            error_status, body_ = exception_error("openai", exc, None)
-            status, error = "failed", {"code": body_["error"]["code"],
-                                       "message": body_["error"]["message"]}
+            status, error, failure = "failed", _error_of(exc), exc
         for event in events.finish():
             emit(event)
         final = {**response, "status": status, "error": error, "output": events.items}
@@ -233,14 +232,18 @@ class ResponsesService:
             turn_id=ended.turn.id if ended is not None else "", root_hash=prepared.root_hash,
             path_hash=reply_path_hash(started.placement, ended.turn) if ended else "",
             custom_tools=sorted(prepared.custom_tools))
-        if body.store:
-            await self.store.save(record)
-        if prepared.conversation_id is not None and ended is not None:
-            await self.conversations.append(
-                prepared.conversation_id, [*record.input_items, *events.items],
-                Anchor(record.session_id, record.turn_id, record.path_hash, record.root_hash))
+        try:
+            if body.store:
+                await self.store.save(record)
+            if prepared.conversation_id is not None and ended is not None:
+                await self.conversations.append(
+                    prepared.conversation_id, [*record.input_items, *events.items],
+                    Anchor(record.session_id, record.turn_id, record.path_hash,
+                           record.root_hash))
+        except Exception as exc:  # noqa: BLE001 - not stored: the client must not rely on it
+            final, failure = {**final, "status": "failed", "error": _error_of(exc)}, exc
         emit(events.terminal(final))
-        return Outcome(final, error_status)
+        return Outcome(final, failure)
 
     async def count_input_tokens(self, tenant: str, body: ResponseInputRequest) -> int:
         prepared = await self.prepare(tenant, body)
@@ -254,6 +257,12 @@ class ResponsesService:
         delta = renderer.input_token_ids(prepared.conversation.messages, tools=tools,
                                          system=prepared.conversation.system, after_root=False)
         return len(path) + len(delta)
+
+
+def _error_of(exc: Exception) -> dict[str, str]:
+    """A response's `error`: OpenAI's code (`context_length_exceeded`, ...) and message."""
+    _, body = exception_error("openai", exc, None)
+    return {"code": body["error"]["code"], "message": body["error"]["message"]}
 
 
 def response_id_of(started: StartedTurn) -> str:

@@ -14,7 +14,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from gateway.compat.responses_store import ResponseStore, StoredResponse
 from sessions import SessionStore
 from tests.compat.conftest import Live
 
@@ -426,3 +428,22 @@ def test_prompt_cache_key_names_the_session(live: Live) -> None:
         prompt_cache_key="agent-8", max_output_tokens=2, temperature=0)
     assert len(sessions) == 1  # one session (one worker) per key, whatever the prompt
     assert other.headers["x-radixgate-session-id"] not in sessions
+
+
+def test_store_outage_at_save_is_a_503_or_response_failed(
+        live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The response is generated but cannot be stored: the client is told (503 with
+    Retry-After, or `response.failed` with `store_unavailable`), never a 500."""
+    async def down(self: ResponseStore, record: StoredResponse) -> None:
+        raise RedisConnectionError("store down")
+
+    monkeypatch.setattr(ResponseStore, "save", down)
+    with live.http() as http:
+        r = http.post("/v1/responses", json={"model": "gpt-4.1-mini", "input": "hi",
+                                             "max_output_tokens": 2})
+    assert r.status_code == 503 and "Retry-After" in r.headers
+    assert r.json()["error"]["code"] == "store_unavailable"
+    events = _events(live, {"model": "gpt-4.1-mini", "input": "hi", "stream": True,
+                            "max_output_tokens": 2})
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["code"] == "store_unavailable"
