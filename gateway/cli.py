@@ -10,7 +10,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so `radixgate --help` stays fast and the SDK-only install can still run it.
     from engine.cli import add_subcommands
-    from engine.spec.eagle3_train import add_train_draft_subcommand
+    from engine.spec.train_draft_cli import add_train_draft_subcommand
     from gateway.commands import add_subcommands as add_gateway_subcommands
 
     parser = argparse.ArgumentParser(prog="radixgate", description=__doc__)
