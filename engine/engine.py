@@ -121,10 +121,12 @@ class Engine:
         items = self.scheduler.schedule()
         if not items:
             return []
-        layers = self.speculator.capture_layers if self.speculator is not None else ()
-        logits, aux = self.runner.run_captured(items, layers)
-        if aux is not None and self.speculator is not None:
-            self.speculator.record_features(items, aux)
+        if self.speculator is not None and self.speculator.capture_layers:
+            logits, aux = self.runner.run_captured(items, self.speculator.capture_layers)
+            if aux is not None:
+                self.speculator.record_features(items, aux)
+        else:
+            logits = self.runner.run(items)
         sampled_items = [item for item in items if item.needs_sample]
         for item in items:
             item.request.num_computed += item.num_tokens - item.num_draft
