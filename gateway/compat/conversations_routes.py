@@ -21,7 +21,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.compat.conversations_store import MAX_ITEMS_PER_ADD
-from gateway.compat.responses_items import native_messages, normalize_input
+from gateway.compat.responses_items import kind_prefix, native_messages, normalize_input
 from gateway.compat.responses_routes import MAX_LIST_LIMIT, ConversationsDep, item_page
 from gateway.deps import TenantDep
 from gateway.errors import ApiError
@@ -58,9 +58,8 @@ def _checked(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ApiError(f"items[{i}]: item_reference is not allowed here",
                            param=f"items[{i}]")
     native_messages(items, where="items")
-    prefix = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
-    return [{**item, "id": item.get("id") or
-             f"{prefix.get(item['type'], 'item')}_{secrets.token_hex(16)}"} for item in items]
+    return [{**item, "id": item.get("id") or f"{kind_prefix(item['type'])}_{secrets.token_hex(16)}"}
+            for item in items]
 
 
 @router.post("", responses=_ERRORS)

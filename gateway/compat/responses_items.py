@@ -50,7 +50,12 @@ CUSTOM_INPUT_SCHEMA: Final[Mapping[str, Any]] = {
 
 def item_id(kind: str, response_id: str, n: int | str) -> str:
     """Id of item `n` of a response (`o3` output, `i3` input) of type `kind`."""
-    return f"{_KIND_PREFIX.get(kind, 'item')}_{response_id.removeprefix(RESPONSE_PREFIX)}_{n}"
+    return f"{kind_prefix(kind)}_{response_id.removeprefix(RESPONSE_PREFIX)}_{n}"
+
+
+def kind_prefix(kind: str) -> str:
+    """The id prefix of an item of type `kind` (`msg`, `fc`, ...; `item` for others)."""
+    return _KIND_PREFIX.get(kind, "item")
 
 
 def response_of_item(item_id_: str) -> str | None:
@@ -240,19 +245,6 @@ def call_item(item_id_: str, call: Mapping[str, Any], custom: frozenset[str],
     arguments = json.dumps(call["arguments"], ensure_ascii=False) if done else ""
     return {"type": "function_call", "id": item_id_, "status": status, "call_id": call["id"],
             "name": call["name"], "arguments": arguments}
-
-
-def output_items(response_id: str, content: str, calls: Sequence[Mapping[str, Any]],
-                 custom: frozenset[str]) -> list[dict[str, Any]]:
-    """The output of a finished turn: its text as a message (when there is text, or nothing
-    else), then its calls."""
-    items: list[dict[str, Any]] = []
-    if content or not calls:
-        items.append(message_item(item_id("message", response_id, "o0"), content))
-    for call in calls:
-        kind = "custom_tool_call" if call["name"] in custom else "function_call"
-        items.append(call_item(item_id(kind, response_id, f"o{len(items)}"), call, custom))
-    return items
 
 
 def with_ids(items: Sequence[Mapping[str, Any]], response_id: str) -> list[dict[str, Any]]:
