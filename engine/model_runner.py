@@ -98,7 +98,50 @@ class ModelRunner:
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`run`, plus the residual streams entering `layers` for every scheduled row in batch
         order (`DecoderModel.forward_captured`; None without layers). A captured forward skips
-        the static decode path: CUDA graphs are recorded without the copies."""
+        the static decode path: CUDA graphs are recorded without the copies.
+
+        Decode and draft-verification rows always take the model's decode path, so a token's
+        logits do not depend on what else the step holds: a step of more rows than
+        `decode_max_rows` with such rows runs them as their own forward on the decode path,
+        and the rest (prefill chunks) as a second one."""
+        groups = self._path_groups(items)
+        if len(groups) == 1:
+            return self._forward(items, layers, groups[0][1])
+        logits_of: dict[int, torch.Tensor] = {}
+        aux_of: dict[int, torch.Tensor] = {}
+        for indices, decode_path in groups:
+            logits, aux = self._forward([items[i] for i in indices], layers, decode_path)
+            logit_row = aux_row = 0
+            for i in indices:
+                item = items[i]
+                num_logits = 1 + item.num_draft if item.needs_sample else 0
+                logits_of[i] = logits[logit_row : logit_row + num_logits]
+                logit_row += num_logits
+                if aux is not None:
+                    aux_of[i] = aux[aux_row : aux_row + item.num_tokens]
+                    aux_row += item.num_tokens
+        order = range(len(items))
+        return (torch.cat([logits_of[i] for i in order]),
+                torch.cat([aux_of[i] for i in order]) if aux_of else None)
+
+    def _path_groups(self, items: Sequence[ScheduledItem]
+                     ) -> list[tuple[list[int], bool | None]]:
+        """(item indices, decode_path) of each forward the step runs."""
+        everything = list(range(len(items)))
+        limit = self.model.decode_max_rows
+        if limit is None or sum(item.num_tokens for item in items) <= limit:
+            return [(everything, None)]
+        decodes = [i for i, item in enumerate(items) if item.num_tokens == 1 + item.num_draft]
+        if not decodes:
+            return [(everything, None)]
+        if len(decodes) == len(items):
+            return [(everything, True)]
+        chosen = set(decodes)
+        return [(decodes, True), ([i for i in everything if i not in chosen], None)]
+
+    def _forward(self, items: Sequence[ScheduledItem], layers: Sequence[int],
+                 decode_path: bool | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over `items`: the sampled rows' logits (item order) and the captures."""
         input_ids, positions, batch = self.build_batch(items)
         aux = None
         if not layers and self.static_decode is not None and self.static_decode.accepts(batch):
@@ -108,7 +151,8 @@ class ModelRunner:
             if self.has_swa:
                 attention = LayerGroups(attention, self.backend(
                     self.pool, self.sliding_batch(items, batch)))
-            hidden, aux = self.model.forward_captured(input_ids, positions, attention, layers)
+            hidden, aux = self.model.forward_captured(input_ids, positions, attention, layers,
+                                                      decode_path)
         rows: list[int] = []
         offset = 0
         for item in items:
@@ -119,4 +163,5 @@ class ModelRunner:
             return torch.empty((0, self.model.config.vocab_size), dtype=torch.float32), aux
         # Sampling, grammar masks and draft acceptance run on the CPU for now, so the sampled
         # rows' fp32 logits come back to the host once per step (a no-op on the CPU).
-        return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu(), aux
+        sampled = hidden[torch.tensor(rows, device=hidden.device)]
+        return self.model.logits(sampled, decode_path).cpu(), aux

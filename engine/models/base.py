@@ -53,15 +53,23 @@ class Model(Protocol):
         """input_ids, positions: int64 (N,) -> final-normed hidden states (N, hidden)."""
         ...
 
-    def forward_captured(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                         attention: AttentionFn, layers: Sequence[int]
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`forward`, and the residual streams entering `layers` side by side (N, k * hidden)
-        from the same pass (None for no layers)."""
+    @property
+    def decode_max_rows(self) -> int | None:
+        """The most rows a forward takes on the decode path unless told (None: one path for
+        every forward)."""
         ...
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(M, hidden) -> fp32 logits (M, vocab)."""
+    def forward_captured(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                         attention: AttentionFn, layers: Sequence[int],
+                         decode_path: bool | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, and the residual streams entering `layers` side by side (N, k * hidden)
+        from the same pass (None for no layers). `decode_path` True runs every row on the
+        decode path (the one a single-row decode takes), False never, None by row count."""
+        ...
+
+    def logits(self, hidden: torch.Tensor, decode_path: bool | None = None) -> torch.Tensor:
+        """(M, hidden) -> fp32 logits (M, vocab), on the decode path as `forward_captured`."""
         ...
 
 

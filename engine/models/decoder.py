@@ -157,10 +157,23 @@ class DecoderModel:
             return f"{decodes}, onednn {dtype_name(extend.packed.dtype)} extends"
         return self.packed.name
 
-    def _linears(self, num_rows: int) -> Sequence[LayerWeights]:
-        """The projection weights a forward of `num_rows` rows uses."""
+    @property
+    def decode_max_rows(self) -> int | None:
+        """The most rows a forward takes on the decode path by default (the GGUF codes: one
+        summation order per row, whatever the batch); None where every forward takes one path
+        (no packed weights)."""
+        return self.packed.max_rows if self.packed is not None else None
+
+    def _on_decode_path(self, num_rows: int, decode_path: bool | None) -> bool:
+        if self.packed is None:
+            return False
+        return decode_path if decode_path is not None else num_rows <= self.packed.max_rows
+
+    def _linears(self, num_rows: int, decode_path: bool | None = None) -> Sequence[LayerWeights]:
+        """The projection weights a forward of `num_rows` rows uses (`decode_path` forces or
+        forbids the packed decode weights; None decides by `num_rows`)."""
         packed = self.packed
-        if packed is not None and num_rows <= packed.max_rows:
+        if packed is not None and self._on_decode_path(num_rows, decode_path):
             return packed.decode_layers
         if (self._extend_layers is not None and self.mixed is not None
                 and num_rows >= self.mixed.min_rows):
@@ -178,17 +191,19 @@ class DecoderModel:
 
     @torch.inference_mode()
     def forward_captured(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                         attention: AttentionFn, layers: Sequence[int]
+                         attention: AttentionFn, layers: Sequence[int],
+                         decode_path: bool | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward`, also returning the residual stream entering each of `layers` (transformers'
         `output_hidden_states[i]`: 0 is the scaled embedding, L the last layer's output before
         the final norm), side by side: (N, len(layers) * hidden) in the stream's dtype, None
-        when `layers` is empty. The copies are taken in the same pass (EAGLE-3's features)."""
+        when `layers` is empty. The copies are taken in the same pass (EAGLE-3's features).
+        `decode_path`: see `_linears`."""
         cfg = self.config
         num_layers = len(self.weights.layers)
         if any(not 0 <= i <= num_layers for i in layers):
             raise ValueError(f"capture layers {tuple(layers)} outside 0..{num_layers}")
-        linears = self._linears(input_ids.shape[0])
+        linears = self._linears(input_ids.shape[0], decode_path)
         # The C row ops serve any CPU forward of a packed model (decode on codes, extend on
         # oneDNN weights, fp32 or mixed precision's bf16); the torch ops are the reference.
         ops = CPU_OPS if self.packed is not None and rowops.kernel() is not None else TORCH_OPS
@@ -209,10 +224,11 @@ class DecoderModel:
         return ops.rms_norm(x, self.weights.norm, cfg.rms_norm_eps, x.dtype), aux
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(M, hidden) -> fp32 logits (M, vocab). Call it only on rows that need a next token."""
+    def logits(self, hidden: torch.Tensor, decode_path: bool | None = None) -> torch.Tensor:
+        """(M, hidden) -> fp32 logits (M, vocab). Call it only on rows that need a next token.
+        `decode_path` as in `_linears`."""
         lm_head: Weight = self._lm_head
-        if self.packed is not None and hidden.shape[0] <= self.packed.max_rows:
+        if self.packed is not None and self._on_decode_path(hidden.shape[0], decode_path):
             lm_head = self.packed.lm_head
         return linear(hidden, lm_head).float()
 
