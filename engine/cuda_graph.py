@@ -146,8 +146,10 @@ class StaticDecode:
 
     def accepts(self, batch: PagedBatch) -> bool:
         """True for a decode batch this path can run: one new row per sequence, at most the
-        largest batch size, every context within the page-table width."""
+        largest batch size, every context within the page-table width, no tree masks (the
+        static buffers carry none: such a batch runs the eager backend)."""
         return (0 < len(batch.extend_lens) <= self.max_batch_size
+                and not batch.tree_masks
                 and all(n == 1 for n in batch.extend_lens)
                 and max(batch.context_lens) <= self.max_context_len)
 

@@ -2,6 +2,8 @@
 paged pool in one C/OpenMP kernel (csrc/paged_cpu.c), so a step reads each sequence's K/V once;
 longer extends (prefill chunks) run the C extend kernel (csrc/extend_cpu.c) where
 `cpu_extend.extend_choice` measured it faster, else the fused flash path of the "torch" backend.
+A draft tree's rows (`PagedBatch.tree_masks`, at most 63) always go to the paged kernel, the one
+path here that reads a mask, whatever `max_kernel_rows` says.
 
 The kernel is built by pip with the package (setup.py); where it was not (no C compiler),
 `kernel()` is None, "auto" picks "torch" and asking for "cpu" by name is a clear error.
@@ -21,6 +23,7 @@ from engine.attention.base import PagedBatch
 from engine.attention.cpu_extend import ExtendIndex, extend_choice, paged_extend
 from engine.attention.cpu_flash import extend_attention
 from engine.attention.spec import AttentionSpec, first_visible
+from engine.attention.tree import check_tree_spec, row_masks
 from engine.errors import InvalidRequest
 from engine.kv_pool import KVPool
 from engine.native import check_buffer, load_extension, require
@@ -49,8 +52,8 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
                     row_starts: torch.Tensor, page_size: int, split_len: int,
                     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, *,
                     scale: float | None = None, window: int | None = None,
-                    sinks: torch.Tensor | None = None, _layout_checked: bool = False
-                    ) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, masks: torch.Tensor | None = None,
+                    _layout_checked: bool = False) -> torch.Tensor:
     """Sequences of few query rows over their paged context. q: (R, Hq, D), sequence s owning
     rows [row_starts[s], row_starts[s + 1]), the last rows of its context_lens[s] tokens (row t
     of T, at position p = context_len - T + t, sees positions <= p); flat_k, flat_v:
@@ -71,7 +74,13 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
     (p_first: the position of its first row) are never read and may be anything, -1 or a
     page reused by another sequence included. `sinks`: fp32 (Hq,) CPU tensor, one logit per
     query head that joins the softmax's denominator with no value (gpt-oss): row output
-    sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sink - m)); None: no sink."""
+    sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sink - m)); None: no sink.
+
+    `masks`: int64 (R,) CPU, one tree mask per row of q (engine.attention.tree), not with a
+    window. Row t of its sequence's T sees every position < context_len - T and the step's row
+    j (position context_len - T + j) iff bit j of its entry is set; bits above t are never
+    read. An entry 0 is a causal row; a chain mask (2^(t + 1) - 1) gives the causal row's bits.
+    None: every row causal."""
     ext = require(kernel(), "paged_attention")
     num_heads, head_dim = q.shape[1], q.shape[2]
     if not _layout_checked:  # CpuPagedAttention checks a step's tensors once, not per layer
@@ -104,6 +113,13 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
                              f"({num_heads},) (one per query head), got {tuple(sinks.shape)} on "
                              f"{sinks.device}{'' if sinks.is_contiguous() else ', strided'}")
         sinks_ptr = sinks.data_ptr()
+    masks_ptr = 0
+    if masks is not None:
+        if not _layout_checked:
+            check_buffer(masks, "paged_attention masks", (torch.int64,), (q.shape[0],))
+        if window:
+            raise ValueError("paged_attention: tree masks are not supported with a window")
+        masks_ptr = masks.data_ptr()
     q32 = q.detach()
     if q32.dtype != torch.float32 or _rows_of(q32) < 0:
         q32 = q32.to(torch.float32).contiguous()
@@ -127,7 +143,8 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
         page_starts.data_ptr(), context_lens.data_ptr(), row_starts.data_ptr(),
         len(context_lens), num_heads, flat_k.shape[1], head_dim, page_size, split_len,
         flat_k.dtype == torch.bfloat16, scale, torch.get_num_threads(), _rows_of(q32),
-        new_k_ptr, new_v_ptr, slots_ptr, new_stride, new_fp32, num_new, window, sinks_ptr)
+        new_k_ptr, new_v_ptr, slots_ptr, new_stride, new_fp32, num_new, window, sinks_ptr,
+        masks_ptr)
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
@@ -151,6 +168,7 @@ def _check_layout(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
 
 class CpuPagedAttention:
     name = "cpu"
+    supports_tree_masks = True
     # Sequences with at most this many rows in the step go to the kernel (decodes and draft
     # verifications of up to 15 drafts); longer extends use the flash path's GEMMs. At 9 rows
     # the kernel is 1.4-2.5x faster than the torch path at 1k-7.5k context (2 AVX2 cores,
@@ -175,9 +193,11 @@ class CpuPagedAttention:
         self.row_starts = [0]
         for extend_len in batch.extend_lens:
             self.row_starts.append(self.row_starts[-1] + extend_len)
-        max_rows = self.max_kernel_rows
-        short = [i for i, n in enumerate(batch.extend_lens) if n <= max_rows]
-        self.long_items = [i for i, n in enumerate(batch.extend_lens) if n > max_rows]
+        max_rows, tree = self.max_kernel_rows, batch.tree_masks or {}
+        # Tree-masked sequences are kernel items however long: no other path reads a mask.
+        short = [i for i, n in enumerate(batch.extend_lens) if n <= max_rows or i in tree]
+        self.long_items = [i for i, n in enumerate(batch.extend_lens)
+                           if n > max_rows and i not in tree]
         # The C extend kernel's index over the long sequences (None: torch's flash path).
         self.extend_index: ExtendIndex | None = None
         if self.long_items and extend_choice(layer.dtype, layer.shape[-1])[0]:
@@ -189,6 +209,8 @@ class CpuPagedAttention:
             for i in (self.long_items if self.extend_index is None else ())}
         self.short_items = short
         self.short_rows: torch.Tensor | None = None  # rows of `q` the kernel reads, in order
+        # One entry per kernel row (0: causal), None without a tree of several rows.
+        self.masks = row_masks(batch.tree_masks, batch.extend_lens, short)
         if not short:
             return
         tables = [batch.page_tables[i][: -(-batch.context_lens[i] // page_size)] for i in short]
@@ -226,6 +248,8 @@ class CpuPagedAttention:
 
     def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
+        if self.masks is not None:
+            check_tree_spec(spec)
         flat_k, flat_v = self.pool.flat_k(spec.layer_idx), self.pool.flat_v(spec.layer_idx)
         if self.short_items and not self.long_items:
             # One call stores the new K/V and attends (a decode step: no torch op at all).
@@ -263,4 +287,4 @@ class CpuPagedAttention:
         return paged_attention(q, flat_k, flat_v, self.pages, self.page_starts, self.context_lens,
                                self.kernel_row_starts, self.page_size, self.split_len, new_kv,
                                scale=spec.scale, window=spec.window, sinks=spec.sinks,
-                               _layout_checked=True)
+                               masks=self.masks, _layout_checked=True)

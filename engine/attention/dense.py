@@ -47,10 +47,19 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _masked_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  spec: AttentionSpec) -> torch.Tensor:
-    """Every feature of `spec`, written out in fp32 as HF transformers' eager attention does:
-    scores, softcap, causal and window mask, sinks as an extra softmax column dropped after."""
+    """`masked_attention` under the causal (and window) mask."""
+    mask = visible_mask(q.shape[0], k.shape[0], spec.window, q.device)
+    return masked_attention(q, k, v, spec, mask)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec,
+                     mask: torch.Tensor) -> torch.Tensor:
+    """Every feature of `spec` but its window, under an explicit `mask` ((T, S) bool on q's
+    device, True: query i sees key j; every row must see some key), written out in fp32 as HF
+    transformers' eager attention does: scores, softcap, mask, sinks as an extra softmax column
+    dropped after. q: (T, Hq, D); k, v: (S, Hkv, D) -> (T, Hq, D) in q's dtype."""
     t_len, num_heads, _ = q.shape
-    s_len, num_kv_heads = k.shape[0], k.shape[1]
+    num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     qh = q.transpose(0, 1).float()
     kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
@@ -58,7 +67,6 @@ def _masked_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores = torch.matmul(qh, kh.transpose(1, 2)) * spec.scale
     if spec.softcap is not None:
         scores = torch.tanh(scores / spec.softcap) * spec.softcap
-    mask = visible_mask(t_len, s_len, spec.window, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     if spec.sinks is not None:
         sinks = spec.sinks.float().view(num_heads, 1, 1).expand(num_heads, t_len, 1)

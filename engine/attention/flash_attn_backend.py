@@ -27,8 +27,14 @@ FLASH_PAGE_MULTIPLE = 256
 
 class FlashAttnBackend:
     name = "flash_attn"
+    # flash-attn's paged calls take causal or no mask, not a per-row tree mask.
+    supports_tree_masks = False
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None:
+        if batch.tree_masks:
+            raise InvalidRequest("attention backend 'flash_attn' cannot run tree attention "
+                                 "masks (tree verification); use 'triton' or verify drafts "
+                                 "as a chain")
         page_size = pool.layout.page_size
         if page_size % FLASH_PAGE_MULTIPLE != 0:
             raise InvalidRequest(

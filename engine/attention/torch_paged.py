@@ -1,6 +1,7 @@
 """Paged attention in torch: gather each sequence's slots, then attend. The CPU backend ("torch":
 fused flash extends) and its plain reference ("torch_sdpa": one masked SDPA per sequence), which
-the Triton kernels are also tested against."""
+the Triton kernels are also tested against. Both run a sequence with a tree mask
+(`PagedBatch.tree_masks`) through the fp32 reference math under its explicit mask."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import torch
 
 from engine.attention.base import PagedBatch
 from engine.attention.cpu_flash import FLASH_FEATURES, extend_attention
-from engine.attention.dense import causal_attention
+from engine.attention.dense import causal_attention, masked_attention
 from engine.attention.spec import AttentionSpec, first_visible
+from engine.attention.tree import check_tree_spec, tree_visible
 from engine.kv_pool import KVPool
 
 
@@ -80,6 +82,7 @@ def gathered_decode_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: tor
 class TorchPagedAttention:
     name = "torch"
     fused_extend = True
+    supports_tree_masks = True
     # Decode rows of a step are attended together, straight from the pool, once there are
     # this many (padding to the longest context wastes little next to one op round per
     # sequence per layer; one row alone still saves the copies of `decode_attention`).
@@ -99,6 +102,11 @@ class TorchPagedAttention:
         self.row_starts = [0]
         for extend_len in batch.extend_lens:
             self.row_starts.append(self.row_starts[-1] + extend_len)
+        # (T, context) visibility of each tree-masked sequence of more than one row (a one-row
+        # mask is a decode's), built once for every layer.
+        self.tree_visible = {
+            i: tree_visible(mask, batch.context_lens[i]).to(device)
+            for i, mask in (batch.tree_masks or {}).items() if batch.extend_lens[i] > 1}
         decodes = [i for i, n in enumerate(batch.extend_lens) if n == 1]
         self.decode_items: frozenset[int] = frozenset()
         if self.fused_extend and len(decodes) >= self.min_batched_decodes:
@@ -119,6 +127,8 @@ class TorchPagedAttention:
 
     def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
+        if self.tree_visible:
+            check_tree_spec(spec)
         flat_k, flat_v = self.pool.flat_k(spec.layer_idx), self.pool.flat_v(spec.layer_idx)
         # Attention runs in the pool's dtype (a mixed-precision model's pool is bf16 under fp32
         # rows); the output comes back in q's.
@@ -137,6 +147,10 @@ class TorchPagedAttention:
             start, end = self.row_starts[i], self.row_starts[i + 1]
             # A sliding window's rows see no key before `lo`: those are never read.
             lo = first_visible(spec, self.batch.context_lens[i] - (end - start))
+            if i in self.tree_visible:
+                outs.append((i, masked_attention(q[start:end], flat_k[slots], flat_v[slots],
+                                                 spec, self.tree_visible[i])))
+                continue
             if reference:
                 attend = causal_attention
             elif end - start == 1:

@@ -3,7 +3,8 @@
 On CUDA the kernels compile. On CPU they run only under Triton's interpreter, which must be
 switched on with `TRITON_INTERPRET=1` in the environment before `triton` is first imported
 (e.g. `TRITON_INTERPRET=1 radixgate ... --attention-backend triton`); it is slow and meant for
-tests. Rows with extend_len == 1 go to the split-K decode kernel, the others to the extend kernel.
+tests. Rows with extend_len == 1 go to the split-K decode kernel, the others to the extend kernel,
+which also takes the tree masks of a draft tree's rows (`PagedBatch.tree_masks`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from engine.attention.base import PagedBatch
 from engine.attention.spec import AttentionSpec
+from engine.attention.tree import row_masks
 from engine.attention.triton_decode import decode_attention
 from engine.attention.triton_kernels import extend_attention, pad_page_tables, store_kv
 from engine.errors import InvalidRequest
@@ -26,6 +28,7 @@ def interpreter_enabled() -> bool:
 
 class TritonPagedAttention:
     name = "triton"
+    supports_tree_masks = True
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None:
         self.pool = pool
@@ -56,6 +59,9 @@ class TritonPagedAttention:
             self.decode = (int32([starts[i] for i in decode_idx]), int32(ctx),
                            pad_page_tables([batch.page_tables[i] for i in decode_idx], device),
                            max(ctx))
+        # One entry per row of the batch (0: causal); a one-row mask is a decode's.
+        masks = row_masks(batch.tree_masks, batch.extend_lens, range(len(batch.extend_lens)))
+        self.tree_masks = None if masks is None else masks.to(device)
         self.extend = None
         if extend_idx:
             ext = [batch.extend_lens[i] for i in extend_idx]
@@ -83,5 +89,5 @@ class TritonPagedAttention:
         if self.extend is not None:
             q_starts, ext, ctx, table, max_ext = self.extend
             extend_attention(q, k_cache, v_cache, out, q_starts, ext, ctx, table, max_ext,
-                             sm_scale=spec.scale)
+                             sm_scale=spec.scale, tree_masks=self.tree_masks)
         return out

@@ -105,13 +105,13 @@ def load_kv_block(k_cache_ptr, v_cache_ptr, page_table_ptr, seq, stride_pt, pos,
 
 @triton.jit
 def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-                   q_start_ptr, extend_len_ptr, context_len_ptr, page_table_ptr,
+                   q_start_ptr, extend_len_ptr, context_len_ptr, page_table_ptr, tree_ptr,
                    sm_scale_log2,
                    stride_q_row, stride_q_head, stride_o_row, stride_o_head,
                    stride_cache_slot, stride_cache_head, stride_pt,
                    GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, TREE: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     block_m = tl.program_id(2)
@@ -134,6 +134,10 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     if UPCAST:
         q = q.to(tl.float32)
     q_pos = prefix_len + offs_m  # absolute key position of each query (bottom-right causal)
+    if TREE:
+        # Each row's tree mask (0: causal): bit j lets it see the step's row j.
+        tree = tl.load(tree_ptr + q_rows, mask=mask_m, other=0)
+        causal_row = tree == 0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -147,6 +151,11 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
                              mask_d, PAGE_SIZE, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
         visible = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])
+        if TREE:
+            step_row = pos - prefix_len  # < 0: the prefix, which every row sees
+            shift = tl.minimum(tl.maximum(step_row, 0), 62).to(tl.int64)
+            bit = (tree[:, None] >> shift[None, :]) & 1
+            visible = visible & ((step_row[None, :] < 0) | causal_row[:, None] | (bit != 0))
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -163,10 +172,15 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      out: torch.Tensor, q_starts: torch.Tensor, extend_lens: torch.Tensor,
                      context_lens: torch.Tensor, page_table: torch.Tensor, max_extend_len: int,
-                     sm_scale: float | None = None) -> None:
+                     sm_scale: float | None = None, tree_masks: torch.Tensor | None = None
+                     ) -> None:
     """Causal attention of each sequence's new rows over its paged context (which already holds
     the new rows' K/V). q, out: (N, Hq, D); caches (num_pages, page_size, Hkv, D);
-    q_starts / extend_lens / context_lens: (B,) int32; page_table: (B, max_pages) int32."""
+    q_starts / extend_lens / context_lens: (B,) int32; page_table: (B, max_pages) int32.
+
+    `tree_masks`: int64 (N,) on q's device, one tree mask per row of q (engine.attention.tree;
+    0: a causal row): row t of a sequence of T sees its prefix (positions < context_len - T)
+    and the step's row j iff bit j of its entry; None: every row causal."""
     num_seqs = extend_lens.shape[0]
     if num_seqs == 0 or max_extend_len == 0:
         return
@@ -180,9 +194,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = (num_seqs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k_cache, v_cache, out, q_starts, extend_lens, context_lens, page_table,
-        scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        extend_lens if tree_masks is None else tree_masks, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(1), k_cache.stride(2), page_table.stride(0),
         GROUP=num_heads // num_kv_heads, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=dot_precision(q.dtype),
-        UPCAST=interpreter_upcast(q.dtype),
+        UPCAST=interpreter_upcast(q.dtype), TREE=tree_masks is not None,
         num_warps=4, num_stages=2)

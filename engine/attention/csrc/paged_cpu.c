@@ -2,7 +2,9 @@
  *
  * Each sequence has T query rows (1 for a decode, 1 + k for a draft verification) at the end of
  * a context of C tokens whose K/V sit in pages of the pool; query row t, at position
- * p = C - T + t, sees positions [0, p], or (p - W, p] with a sliding window of W keys. Work
+ * p = C - T + t, sees positions [0, p], or (p - W, p] with a sliding window of W keys; under a
+ * tree mask (a draft tree's verification, no window) it sees [0, C - T) and the step's row j,
+ * at C - T + j, iff bit j of its mask, which compacts the tile positions it sees. Work
  * items are (sequence, KV head, split of the context): every K and V byte of a sequence is
  * read once per step, by one item, which scores all the query heads of its group and all T
  * rows against it while it is in L1 (flash decoding). Partial results merge by their running
@@ -51,6 +53,7 @@ typedef struct {
     float scale;
     int64_t window;       /* keys a row sees, itself included; 0: all of [0, p] */
     const float *sinks;   /* (num_heads,) logits that join the softmax with no value, or NULL */
+    const uint64_t *masks; /* (num_rows,) tree masks, 0 for a causal row; NULL: all causal */
 } Args;
 
 /* The first position that row t of sequence s sees. Row 0's is the first that any row sees:
@@ -77,6 +80,22 @@ static void row_span(const Args *a, int64_t s, int64_t t, int64_t p0, int n, int
     int64_t end = a->context_lens[s] - t_len + t + 1 - p0, start = row_start(a, s, t) - p0;
     *j1 = (int)(end < n ? end : n);
     *j0 = (int)(start <= 0 ? 0 : start < n ? start : n);
+}
+
+/* Row t of sequence s under its tree mask: of the tile positions [j0, j1) that row_span gave
+ * (at most up to the row itself), the ones it sees, in order, into idx; returns how many, or -1
+ * when it sees every one (no mask, a 0 entry, a tile before the step's rows, or every bit set):
+ * then the row runs exactly as a causal one, so a chain mask gives the causal bits. */
+static int tree_span(const Args *a, int64_t s, int64_t t, int64_t p0, int j0, int j1, int *idx) {
+    int64_t row0 = a->row_starts[s], prefix = a->context_lens[s] - (a->row_starts[s + 1] - row0);
+    uint64_t bits = a->masks ? a->masks[row0 + t] : 0;
+    if (!bits || p0 + j1 <= prefix) return -1;
+    int count = 0;
+    for (int j = j0; j < j1; j++) {
+        int64_t i = p0 + j - prefix; /* the step's row at this position; < 0: the prefix */
+        if (i < 0 || (i < 64 && (bits >> i) & 1)) idx[count++] = j;
+    }
+    return count == j1 - j0 ? -1 : count;
 }
 
 /* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
@@ -317,10 +336,23 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
             }
             for (int64_t t = 0; t < t_len; t++) {
                 row_span(a, s, t, p0, n, &j0, &j1);
-                for (int64_t g0 = 0; g0 < group && j1 > j0; g0 += G_MAX) {
+                const void *const *kt = kr + j0, *const *vt = vr + j0;
+                const void *kc[TILE], *vc[TILE];
+                int nv = j1 - j0, idx[TILE];
+                int seen = nv > 0 ? tree_span(a, s, t, p0, j0, j1, idx) : -1;
+                if (seen >= 0) { /* a tree row: only the positions it sees, compacted */
+                    for (int i = 0; i < seen; i++) {
+                        kc[i] = kr[idx[i]];
+                        vc[i] = vr[idx[i]];
+                    }
+                    kt = kc;
+                    vt = vc;
+                    nv = seen;
+                }
+                for (int64_t g0 = 0; g0 < group && nv > 0; g0 += G_MAX) {
                     int64_t left = group - g0, nr = left < G_MAX ? left : G_MAX;
 #define PASS(NR, BF) \
-    group_pass(a, h, row0, t, t_len, g0, NR, kr + j0, vr + j0, BF, j1 - j0, m, l, acc)
+    group_pass(a, h, row0, t, t_len, g0, NR, kt, vt, BF, nv, m, l, acc)
                     if (widen) {
                         if (nr == 1) PASS(1, 1); else if (nr == 2) PASS(2, 1);
                         else if (nr == 3) PASS(3, 1); else PASS(4, 1);
@@ -336,18 +368,33 @@ static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_
 #endif
         kv_tile(a, a->k, pages, h, p0 + skip, n - skip, kbuf, krows + skip);
         kv_tile(a, a->v, pages, h, p0 + skip, n - skip, vbuf, vrows + skip);
-        for (int64_t r = 0; r < num_r; r++) {
-            int64_t g = r / t_len, t = r % t_len;
+        for (int64_t t = 0; t < t_len; t++) {
             row_span(a, s, t, p0, n, &j0, &j1);
-            int nv = j1 - j0;
+            int nv = j1 - j0, idx[TILE];
             if (nv <= 0) continue;
-            const float *qr = a->q + (row0 + t) * a->q_stride + (h * group + g) * d_len;
-            scores(qr, krows + j0, nv, d_len, p);
-            float top = scale_max(p, nv, a->scale, m[r]);
-            float corr = exp_nonpos(m[r] - top), sum = exp_shifted(p, nv, top);
-            l[r] = l[r] * corr + sum;
-            m[r] = top;
-            accumulate(acc + r * d_len, corr, p, vrows + j0, nv, d_len);
+            const float *const *kt = krows + j0, *const *vt = vrows + j0;
+            const float *kc[TILE], *vc[TILE];
+            int seen = tree_span(a, s, t, p0, j0, j1, idx);
+            if (seen >= 0) { /* a tree row: only the positions it sees, compacted */
+                for (int i = 0; i < seen; i++) {
+                    kc[i] = krows[idx[i]];
+                    vc[i] = vrows[idx[i]];
+                }
+                kt = kc;
+                vt = vc;
+                nv = seen;
+                if (nv == 0) continue;
+            }
+            for (int64_t g = 0; g < group; g++) {
+                int64_t r = g * t_len + t;
+                const float *qr = a->q + (row0 + t) * a->q_stride + (h * group + g) * d_len;
+                scores(qr, kt, nv, d_len, p);
+                float top = scale_max(p, nv, a->scale, m[r]);
+                float corr = exp_nonpos(m[r] - top), sum = exp_shifted(p, nv, top);
+                l[r] = l[r] * corr + sum;
+                m[r] = top;
+                accumulate(acc + r * d_len, corr, p, vt, nv, d_len);
+            }
         }
     }
 }
@@ -446,27 +493,31 @@ static void store_new(const Args *a, const void *new_k, const void *new_v, int64
 static PyObject *paged_attention(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long q, k, v, out, pages, page_starts, context_lens, row_starts;
-    unsigned long long new_k, new_v, slots, sinks;
+    unsigned long long new_k, new_v, slots, sinks, masks;
     long long num_seqs, num_heads, num_kv_heads, head_dim, page_size, split_len, q_stride;
     long long new_stride, num_new, window;
     int bf16, num_threads, new_fp32;
     float scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLpLLK", &q, &k, &v, &out, &pages,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLpfiLKKKLpLLKK", &q, &k, &v, &out, &pages,
                           &page_starts, &context_lens, &row_starts, &num_seqs, &num_heads,
                           &num_kv_heads, &head_dim, &page_size, &split_len, &bf16, &scale,
                           &num_threads, &q_stride, &new_k, &new_v, &slots, &new_stride,
-                          &new_fp32, &num_new, &window, &sinks))
+                          &new_fp32, &num_new, &window, &sinks, &masks))
         return NULL;
     if (head_dim > MAX_HEAD_DIM || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
         page_size <= 0 || split_len <= 0 || num_threads <= 0 || num_new < 0 || window < 0) {
         PyErr_SetString(PyExc_ValueError, "paged_attention: unsupported shape");
         return NULL;
     }
+    if (masks && window) { /* a tree node's window would count along its path: not written */
+        PyErr_SetString(PyExc_ValueError, "paged_attention: tree masks with a sliding window");
+        return NULL;
+    }
     Args a = {(const void *)k, (const void *)v, bf16, (const float *)q, (float *)out,
               (const int64_t *)pages, (const int64_t *)page_starts,
               (const int64_t *)context_lens, (const int64_t *)row_starts, num_seqs, num_heads,
               num_kv_heads, head_dim, page_size, split_len, q_stride, scale, window,
-              (const float *)sinks};
+              (const float *)sinks, (const uint64_t *)masks};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     store_new(&a, (const void *)new_k, (const void *)new_v, new_stride, new_fp32,
@@ -495,9 +546,11 @@ static PyMethodDef methods[] = {
     {"paged_attention", paged_attention, METH_VARARGS,
      "paged_attention(q, k, v, out, pages, page_starts, context_lens, row_starts, num_seqs, "
      "num_heads, num_kv_heads, head_dim, page_size, split_len, bf16, scale, num_threads, "
-     "q_stride, new_k, new_v, slots, new_stride, new_fp32, num_new, window, sinks): data "
-     "pointers of CPU buffers (sinks 0: none; window 0: none); new_k/new_v rows (fp32 into a "
-     "bf16 pool when new_fp32) are stored into their slots first; see cpu_paged.py"},
+     "q_stride, new_k, new_v, slots, new_stride, new_fp32, num_new, window, sinks, masks): "
+     "data pointers of CPU buffers (sinks 0: none; window 0: none; masks 0: all rows causal, "
+     "else one uint64 tree mask per q row, 0 for a causal row, not with a window); "
+     "new_k/new_v rows (fp32 into a bf16 pool when new_fp32) are stored into their slots "
+     "first; see cpu_paged.py"},
     {NULL, NULL, 0, NULL},
 };
 
