@@ -90,6 +90,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              'the trajectory where it re-emits text) or "none"')
     parser.add_argument("--max-draft-len", type=int, default=8,
                         help="most draft tokens verified per request per step")
+    parser.add_argument("--draft-topk", type=int, default=1, metavar="K",
+                        help="eagle3 modes: draft a tree, expanding the K best nodes of each "
+                             "depth into K children each (1: a chain, default); the "
+                             "--max-draft-len best nodes are verified in one forward")
+    parser.add_argument("--draft-steps", type=int, default=0, metavar="D",
+                        help="eagle3 tree depth (default: --max-draft-len)")
     parser.add_argument("--draft-backoff", type=int, default=16, metavar="N",
                         help="after 4 drafts in a row that miss, skip drafting for 1, 2, 4 .. N "
                              "decode steps (an accepted token resets it). 0: draft every step")
@@ -108,6 +114,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         enable_prefix_cache=not args.no_prefix_cache,
                         attention_backend=args.attention_backend, spec=args.spec,
                         max_draft_len=args.max_draft_len, draft_backoff=args.draft_backoff,
+                        draft_topk=args.draft_topk, draft_steps=args.draft_steps,
                         device=args.device,
                         cuda_graphs=not args.no_cuda_graphs,
                         host_kv_memory_bytes=args.host_kv_memory * MIB,

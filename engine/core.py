@@ -61,6 +61,9 @@ class Request:
     stop_token_id: int | None = None
     num_preemptions: int = 0
     draft_ids: list[int] = field(default_factory=list)  # proposed for this step; verified after
+    # A tree draft: each draft token's parent (-1: the last real token), parents before
+    # children. None: the draft is a chain.
+    draft_parents: list[int] | None = None
     num_drafted: int = 0
     num_accepted: int = 0
 

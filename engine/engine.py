@@ -76,7 +76,15 @@ class Engine:
         self.num_finished = 0
         self.worker_id = uuid.uuid4().hex[:12]  # a restarted worker holds no KV: a new id
         self.speculator: Speculator | None = make_speculator(
-            self.config.spec, self.config.max_draft_len, self.loaded, self.config.draft_backoff)
+            self.config.spec, self.config.max_draft_len, self.loaded, self.config.draft_backoff,
+            self.config.draft_topk, self.config.draft_steps)
+        if self.speculator is not None and self.speculator.draws_trees and (
+                self.kv_pool.layout.has_swa or not getattr(backend, "supports_tree_masks", False)
+                or any(s.window is not None for s in model.attention_specs)):
+            raise InvalidRequest(f"tree drafts (--draft-topk {self.config.draft_topk}) need "
+                                 "full-attention layers and an attention backend with tree "
+                                 f"masks; this model or backend ({backend.name}) has not: use "
+                                 "--draft-topk 1")
         self._grammars: XGrammarBackend | None = None  # built by the first constrained request
 
     # ----- requests -----
@@ -240,6 +248,8 @@ class Engine:
         `num_accepted` are draft tokens whose KV the verify forward already wrote."""
         req = verified.request
         assert self.speculator is not None
+        if verified.kv_rows:
+            self.runner.move_rows(req, req.num_computed, verified.kv_rows)
         self.speculator.record(req, verified.num_drafted, 0)
         out: list[Message] = []
         for i, choice in enumerate(verified.choices):

@@ -22,6 +22,10 @@ class EngineConfig:
     spec: str = "suffix"  # speculative drafting: "suffix" (trajectory), "draft:<gguf path>", "none"
     max_draft_len: int = 8
     draft_backoff: int = 16  # skip drafting up to this many steps after misses (0: never skip)
+    # EAGLE-3 tree drafts: children per node and frontier width (1: a chain), and the tree's
+    # depth (0: max_draft_len); max_draft_len bounds the nodes verified.
+    draft_topk: int = 1
+    draft_steps: int = 0
     check_invariants: bool = False  # run every structure's check_invariants() after each step
     device: str = "cpu"  # "cuda"/"cuda:N": weights (in their loaded dtype), KV pool and forward
     cuda_graphs: bool = True  # replay decode steps as CUDA graphs (engine.cuda_graph); CUDA only

@@ -14,11 +14,13 @@ import torch
 
 from engine.attention.base import PagedAttentionBackend, PagedBatch
 from engine.attention.spec import AttentionSpec
+from engine.attention.tree import tree_mask_from_parents
 from engine.kv_pool import KVPool
 from engine.models.base import AttentionFn, Model
 from engine.scheduler.scheduler import ScheduledItem
 
 if TYPE_CHECKING:
+    from engine.core import Request
     from engine.cuda_graph import StaticDecode
 
 
@@ -55,12 +57,24 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         page_tables = []
-        for item in items:
+        tree_masks: dict[int, torch.Tensor] = {}
+        for index, item in enumerate(items):
             req = item.request
             end = item.start + item.num_tokens
             input_ids.extend(req.all_ids[item.start : end - item.num_draft])
             input_ids.extend(req.draft_ids[: item.num_draft])
-            positions.extend(range(item.start, end))
+            if item.num_draft and req.draft_parents is not None:
+                # A tree: rows keep their own slots (row r at position start + r's slot),
+                # but each node sits at its depth and sees only its ancestors.
+                parents = [-1] + [p + 1 if p >= 0 else 0
+                                  for p in req.draft_parents[: item.num_draft]]
+                depths = [0] * len(parents)
+                for row in range(1, len(parents)):
+                    depths[row] = depths[parents[row]] + 1
+                positions.extend(item.start + depth for depth in depths)
+                tree_masks[index] = tree_mask_from_parents(parents)
+            else:
+                positions.extend(range(item.start, end))
             pages = req.page_ids
             slots.extend(pages[p // self.page_size] * self.page_size + p % self.page_size
                          for p in range(item.start, end))
@@ -70,6 +84,7 @@ class ModelRunner:
             context_lens=[item.start + item.num_tokens for item in items],
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             page_tables=page_tables,
+            tree_masks=tree_masks or None,
         )
         return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device), batch)
@@ -86,7 +101,27 @@ class ModelRunner:
             slots.extend(pages[p // ps] * ps + p % ps for p in range(item.start, end))
             tables.append(torch.tensor(pages[: -(-end // ps)], dtype=torch.long))
         return PagedBatch(batch.extend_lens, batch.context_lens,
-                          torch.tensor(slots, dtype=torch.long, device=self.device), tables)
+                          torch.tensor(slots, dtype=torch.long, device=self.device), tables,
+                          batch.tree_masks)
+
+    def move_rows(self, request: Request, first: int, rows: Sequence[int]) -> None:
+        """Copy, in every layer, the KV at positions first + rows[i] - 1 to position first + i
+        (an accepted tree path into place; first: the position after the step's first row).
+        rows[i] >= i + 1, so no source is overwritten before it is read."""
+        moves = [(first - 1 + row, first + i) for i, row in enumerate(rows)
+                 if row != i + 1]
+        if not moves:
+            return
+        ps, pages = self.page_size, request.page_ids
+
+        def slot(p: int) -> int:
+            return pages[p // ps] * ps + p % ps
+
+        src = torch.tensor([slot(a) for a, _ in moves], dtype=torch.long, device=self.device)
+        dst = torch.tensor([slot(b) for _, b in moves], dtype=torch.long, device=self.device)
+        for layer in range(len(self.pool.k)):
+            for flat in (self.pool.flat_k(layer), self.pool.flat_v(layer)):
+                flat.index_copy_(0, dst, flat.index_select(0, src))
 
     def run(self, items: Sequence[ScheduledItem]) -> torch.Tensor:
         """Forward every scheduled token; returns fp32 CPU logits for the items whose rows complete

@@ -75,7 +75,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
             "--max-batch-tokens", str(args.max_batch_tokens),
             "--attention-backend", args.attention_backend, "--spec", args.spec,
             "--max-draft-len", str(args.max_draft_len), "--draft-backoff",
-            str(args.draft_backoff), "--device", args.device]
+            str(args.draft_backoff), "--draft-topk", str(args.draft_topk),
+            "--draft-steps", str(args.draft_steps), "--device", args.device]
     if args.model:
         argv += ["--model", args.model]
     if args.max_context:

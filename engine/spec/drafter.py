@@ -9,7 +9,7 @@ when a request ends (its tokens may feed later drafts).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +32,30 @@ class Drafter(Protocol):
     def check_invariants(self) -> None: ...
 
 
+class DraftTree(NamedTuple):
+    """A tree of draft tokens: token_ids[i] follows parents[i] (-1: the request's last token;
+    else an earlier node), so every root-to-node path is one guess at the continuation."""
+
+    token_ids: list[int]
+    parents: list[int]
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    """A drafter that may propose trees: several guesses verified in one forward under a tree
+    attention mask (`engine.attention.tree`)."""
+
+    @property
+    def draws_trees(self) -> bool:
+        """Whether `propose_trees` may return trees (else only chains)."""
+        ...
+
+    def propose_trees(self, requests: list[Request], max_lens: list[int]
+                      ) -> list[DraftTree | list[int]]:
+        """Per request a tree of at most max_lens[i] nodes, or a chain (a plain list)."""
+        ...
+
+
 @runtime_checkable
 class FeatureDrafter(Protocol):
     """A drafter that reads the target's hidden states (EAGLE-3): the engine's forward captures
@@ -41,6 +65,11 @@ class FeatureDrafter(Protocol):
 
     def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
         """`aux`: (num scheduled rows, len(capture_layers) * hidden), in batch order."""
+        ...
+
+    def accept_rows(self, request: Request, start: int, rows: Sequence[int]) -> None:
+        """After a tree verification at `start` (the position of the step's first row): the
+        accepted nodes' rows, in path order, now hold positions start + 1, start + 2, ..."""
         ...
 
 

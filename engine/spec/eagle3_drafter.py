@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.spec.drafter import DraftTree
 from engine.spec.eagle3_head import Eagle3Head, HeadKV
+from engine.spec.eagle3_tree import TreeShape, TreeStart, draft_trees
 
 if TYPE_CHECKING:
     from engine.core import Request
@@ -91,9 +93,12 @@ class Eagle3Drafter:
     name = "eagle3"
 
     def __init__(self, head: Eagle3Head, max_draft_len: int,
-                 max_kept_sessions: int = DEFAULT_KEPT_SESSIONS) -> None:
+                 max_kept_sessions: int = DEFAULT_KEPT_SESSIONS,
+                 tree: TreeShape | None = None) -> None:
+        """`tree`: draft trees of that shape (`propose_trees`); None or topk 1: chains."""
         self.head = head
         self.max_draft_len = max_draft_len
+        self.tree = tree if tree is not None and tree.topk > 1 else None
         self.capture_layers = head.config.captured_layer_ids
         self._seqs: dict[str, _HeadSeq] = {}
         self.kept = HeadKVCache(max_kept_sessions)
@@ -109,6 +114,41 @@ class Eagle3Drafter:
             for i in range(item.num_tokens):
                 seq.features[item.start + i] = aux[offset + i]
             offset += item.num_tokens
+
+    @property
+    def draws_trees(self) -> bool:
+        return self.tree is not None
+
+    def propose_trees(self, requests: list[Request], max_lens: list[int]
+                      ) -> list[DraftTree | list[int]]:
+        """Trees of the drafter's shape (`engine.spec.eagle3_tree`), or chains without one."""
+        if self.tree is None:
+            return list(self.propose(requests, max_lens))
+        out: list[DraftTree | list[int]] = [[] for _ in requests]
+        live = [i for i in self._extend(requests) if max_lens[i] > 0]
+        starts = []
+        for i in live:
+            seq = self._seqs[requests[i].request_id]
+            assert seq.last_logits is not None and seq.last_hidden is not None
+            starts.append(TreeStart(seq.last_logits, seq.last_hidden, seq.kv,
+                                    requests[i].seq_len))
+        trees = draft_trees(self.head, starts, [max_lens[i] for i in live], self.tree)
+        for i, tree in zip(live, trees, strict=True):
+            out[i] = tree
+        return out
+
+    def accept_rows(self, request: Request, start: int, rows: Sequence[int]) -> None:
+        """The features of the accepted tree nodes' rows move to their positions; those of
+        the other rows are dropped."""
+        seq = self._seqs.get(request.request_id)
+        if seq is None:
+            return
+        moved = [seq.features.get(start + row) for row in rows]
+        for p in [p for p in seq.features if p > start]:
+            del seq.features[p]
+        for i, features in enumerate(moved):
+            if features is not None:
+                seq.features[start + 1 + i] = features
 
     def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in requests]

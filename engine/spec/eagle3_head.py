@@ -103,15 +103,18 @@ class Eagle3Head:
         return HeadKV(self.config.num_kv_heads, self.config.head_dim, self.dtype)
 
     def forward(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                kvs: Sequence[HeadKV], extend_lens: Sequence[int]) -> HeadOutput:
+                kvs: Sequence[HeadKV], extend_lens: Sequence[int],
+                masks: Sequence[torch.Tensor | None] | None = None) -> HeadOutput:
         """One pass of the layer over new rows of several sequences, packed in order: sequence
         i owns the next `extend_lens[i]` rows (several for an extend, one for a draft step).
 
         `token_ids` (N,) int64 target ids; `positions` (N,) int64; `hidden` (N, fused_size):
         the captured target layers concatenated (fused by `fc`), or (N, hidden_size): a
         previous step's `HeadOutput.hidden`, used as is. Each row attends to its sequence's
-        cached rows and to its new rows up to itself. Mutates `kvs`: each new row's K/V is
-        appended. Raises ValueError when the shapes do not agree."""
+        cached rows and to its new rows up to itself, unless `masks[i]` (bool (extend_lens[i],
+        rows held after the append)) says which rows each new row sees (tree drafts). Mutates
+        `kvs`: each new row's K/V is appended. Raises ValueError when the shapes do not
+        agree."""
         cfg = self.config
         num_rows = token_ids.numel()
         if sum(extend_lens) != num_rows or positions.numel() != num_rows \
@@ -132,7 +135,7 @@ class Eagle3Head:
         residual = normed_h if cfg.norm_before_residual else h
         emb = self.embed[token_ids].to(self.dtype)
         x = torch.cat([rms_norm(emb, w["midlayer.input_layernorm.weight"], eps), normed_h], -1)
-        attn = self._attention(x, positions, kvs, extend_lens)
+        attn = self._attention(x, positions, kvs, extend_lens, masks)
         residual = residual + attn @ w["midlayer.self_attn.o_proj.weight"].T
         m = rms_norm(residual, w["midlayer.post_attention_layernorm.weight"], eps)
         gate = m @ w["midlayer.mlp.gate_proj.weight"].T
@@ -149,7 +152,8 @@ class Eagle3Head:
         return TopK(self.draft_to_target[draft_ids], values)
 
     def _attention(self, x: torch.Tensor, positions: torch.Tensor, kvs: Sequence[HeadKV],
-                   extend_lens: Sequence[int]) -> torch.Tensor:
+                   extend_lens: Sequence[int],
+                   masks: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
         """(N, q_size) attention output of the rows `x` (N, 2H); appends their K/V to `kvs`."""
         cfg = self.config
         w, hd = self.weights, cfg.head_dim
@@ -161,14 +165,20 @@ class Eagle3Head:
         group = cfg.num_heads // cfg.num_kv_heads
         outputs = []
         start = 0
-        for kv, num_new in zip(kvs, extend_lens, strict=True):
+        for i, (kv, num_new) in enumerate(zip(kvs, extend_lens, strict=True)):
             rows = slice(start, start + num_new)
             start += num_new
             kv.extend(k[rows], v[rows], positions[rows])
             num_past = kv.num_tokens - num_new
-            # Row i sees every cached row and the new rows up to itself.
-            visible = (torch.arange(kv.num_tokens)[None, :]
-                       <= num_past + torch.arange(num_new)[:, None])
+            given = masks[i] if masks is not None else None
+            if given is not None:
+                if given.shape != (num_new, kv.num_tokens):
+                    raise ValueError(f"Eagle3Head.forward: mask {tuple(given.shape)} for "
+                                     f"{num_new} rows over {kv.num_tokens}")
+                visible = given
+            else:  # row i sees every cached row and the new rows up to itself
+                visible = (torch.arange(kv.num_tokens)[None, :]
+                           <= num_past + torch.arange(num_new)[:, None])
             keys = kv.k.float().repeat_interleave(group, dim=1).transpose(0, 1)
             values = kv.v.float().repeat_interleave(group, dim=1).transpose(0, 1)
             out = F.scaled_dot_product_attention(q[rows].float().transpose(0, 1), keys, values,

@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.attention.tree import MAX_TREE_ROWS
 from engine.errors import InvalidRequest
 from engine.spec.drafter import Drafter
+from engine.spec.eagle3_tree import TreeShape
 from engine.spec.gate import DraftGateConfig
 from engine.spec.speculator import Speculator
 from engine.spec.suffix_drafter import SuffixDrafter, SuffixDrafterConfig
@@ -20,14 +22,27 @@ SPEC_CHOICES = ("none", "suffix", "draft:<model path>", "eagle3:<head folder>",
 
 
 def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
-                    draft_backoff: int = 16) -> Speculator | None:
-    """`draft_backoff`: the most decode steps a request skips drafting after misses."""
+                    draft_backoff: int = 16, draft_topk: int = 1,
+                    draft_steps: int = 0) -> Speculator | None:
+    """`draft_backoff`: the most decode steps a request skips drafting after misses.
+    `draft_topk` > 1: EAGLE-3 heads draft trees of that width and `draft_steps` depth (0:
+    max_draft_len); other drafters refuse it."""
     if spec == "none":
         return None
     if max_draft_len < 1:
         raise InvalidRequest(f"max_draft_len must be >= 1, got {max_draft_len}")
     if draft_backoff < 0:
         raise InvalidRequest(f"draft_backoff must be >= 0, got {draft_backoff}")
+    if draft_topk < 1 or draft_steps < 0:
+        raise InvalidRequest(f"draft_topk must be >= 1 and draft_steps >= 0, got "
+                             f"{draft_topk} and {draft_steps}")
+    if draft_topk > MAX_TREE_ROWS - 1 or max_draft_len > MAX_TREE_ROWS - 1:
+        raise InvalidRequest(f"a draft verifies at most {MAX_TREE_ROWS - 1} tokens; got "
+                             f"max_draft_len {max_draft_len}, draft_topk {draft_topk}")
+    tree = TreeShape(draft_topk, draft_steps or max_draft_len) if draft_topk > 1 else None
+    if tree is not None and not spec.startswith(("eagle3:", "eagle3+suffix:")):
+        raise InvalidRequest(f"--draft-topk {draft_topk} drafts trees with an EAGLE-3 head; "
+                             f"spec '{spec}' drafts chains: use --draft-topk 1")
     gate = DraftGateConfig(max_skip=draft_backoff)
     if spec == "suffix":
         return Speculator(SuffixDrafter(SuffixDrafterConfig(max_draft_len=max_draft_len)),
@@ -39,13 +54,13 @@ def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
                                                  max_draft_len), max_draft_len, gate)
     if spec.startswith(("eagle3:", "eagle3+suffix:")):
         kind, _, path = spec.partition(":")
-        return Speculator(_eagle3_drafter(kind, path, target, max_draft_len), max_draft_len,
-                          gate)
+        return Speculator(_eagle3_drafter(kind, path, target, max_draft_len, tree),
+                          max_draft_len, gate)
     raise InvalidRequest(f"speculative mode '{spec}' is unknown; choose from {SPEC_CHOICES}")
 
 
-def _eagle3_drafter(kind: str, path: str, target: LoadedModel, max_draft_len: int
-                    ) -> Drafter:
+def _eagle3_drafter(kind: str, path: str, target: LoadedModel, max_draft_len: int,
+                    tree: TreeShape | None) -> Drafter:
     """The head in `path` drafting alone ("eagle3") or with the suffix drafter taking long
     matches ("eagle3+suffix"). Raises InvalidDraftHead when the head does not fit `target`."""
     from engine.spec.eagle3_drafter import Eagle3Drafter
@@ -55,7 +70,7 @@ def _eagle3_drafter(kind: str, path: str, target: LoadedModel, max_draft_len: in
     model = target.model
     head = load_eagle3_head(path, target_config=model.config, target_embed=model.weights.embed,
                             dtype=torch.float32)
-    eagle = Eagle3Drafter(head, max_draft_len)
+    eagle = Eagle3Drafter(head, max_draft_len, tree=tree)
     if kind == "eagle3":
         return eagle
     return HybridDrafter(SuffixDrafter(SuffixDrafterConfig(max_draft_len=max_draft_len)), eagle)

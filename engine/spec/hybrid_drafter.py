@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from engine.spec.drafter import DraftTree
 from engine.spec.eagle3_drafter import Eagle3Drafter
 from engine.spec.suffix_drafter import SuffixDrafter
 
@@ -43,19 +44,37 @@ class HybridDrafter:
     def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
         self.eagle.record_features(items, aux)
 
+    @property
+    def draws_trees(self) -> bool:
+        return self.eagle.draws_trees
+
+    def accept_rows(self, request: Request, start: int, rows: Sequence[int]) -> None:
+        self.eagle.accept_rows(request, start, rows)
+
     def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
+        return [d if isinstance(d, list) else d.token_ids  # no trees without a shape
+                for d in self._propose(requests, max_lens, trees=False)]
+
+    def propose_trees(self, requests: list[Request], max_lens: list[int]
+                      ) -> list[DraftTree | list[int]]:
+        """The suffix drafter's chain where it matched long, else the head's tree."""
+        return self._propose(requests, max_lens, trees=True)
+
+    def _propose(self, requests: list[Request], max_lens: list[int], trees: bool
+                 ) -> list[DraftTree | list[int]]:
         matched = self.suffix.propose_matched(requests, max_lens)
         use_suffix = [n >= self.min_match_len and bool(tokens) for n, tokens in matched]
-        head = self.eagle.propose(requests, [0 if taken else room
-                                             for taken, room in zip(use_suffix, max_lens,
-                                                                    strict=True)])
-        drafts: list[list[int]] = []
+        rooms = [0 if taken else room for taken, room in zip(use_suffix, max_lens, strict=True)]
+        head: list[DraftTree | list[int]] = (self.eagle.propose_trees(requests, rooms) if trees
+                                             else list(self.eagle.propose(requests, rooms)))
+        drafts: list[DraftTree | list[int]] = []
         for req, taken, (_, tokens), guess in zip(requests, use_suffix, matched, head,
                                                   strict=True):
             self._from_suffix[req.request_id] = taken
             drafts.append(tokens if taken else guess)
             self.num_suffix_drafts += taken and bool(tokens)
-            self.num_head_drafts += (not taken) and bool(guess)
+            self.num_head_drafts += (not taken) and bool(
+                guess if isinstance(guess, list) else guess.token_ids)
         return drafts
 
     def observe(self, request: Request, num_drafted: int, num_accepted: int) -> None:

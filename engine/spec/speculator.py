@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.sampling import TokenChoice
-from engine.spec.drafter import Drafter, FeatureDrafter
+from engine.spec.drafter import Drafter, DraftTree, FeatureDrafter, TreeDrafter
 from engine.spec.gate import DraftGate, DraftGateConfig
 from engine.spec.verify import RowMasker, verify_draft
+from engine.spec.verify_tree import verify_tree
 
 if TYPE_CHECKING:
     from engine.core import Request
@@ -34,6 +35,9 @@ class Verified:
     choices: list[TokenChoice]
     num_accepted: int  # leading choices whose KV the verify forward already wrote
     num_drafted: int = 0
+    # Tree drafts: the step's rows (0: the last real token) whose KV holds the accepted
+    # nodes, in path order; the engine moves them to consecutive positions. Empty: in place.
+    kv_rows: tuple[int, ...] = ()
 
 
 class Speculator:
@@ -45,6 +49,9 @@ class Speculator:
         self.features = drafter if isinstance(drafter, FeatureDrafter) else None
         self.capture_layers: tuple[int, ...] = (
             tuple(self.features.capture_layers) if self.features else ())
+        # A drafter that may propose trees, verified under a tree attention mask.
+        self.trees = drafter if isinstance(drafter, TreeDrafter) else None
+        self.draws_trees = self.trees is not None and self.trees.draws_trees
         self.max_draft_len = max_draft_len
         self.gate = DraftGate(gate)
         self.num_drafted = 0
@@ -55,7 +62,7 @@ class Speculator:
         where the gate skips drafting after misses)."""
         eligible, max_lens = [], []
         for req in running:
-            req.draft_ids = []
+            req.draft_ids, req.draft_parents = [], None
             if not req.is_decoding:
                 continue
             room = min(req.params.max_tokens - len(req.output_ids) - 1,
@@ -63,11 +70,21 @@ class Speculator:
             if room > 0 and self.gate.allow(req.request_id):
                 eligible.append(req)
                 max_lens.append(room)
-        if eligible:
-            for req, draft in zip(eligible, self.drafter.propose(eligible, max_lens), strict=True):
+        if not eligible:
+            return
+        drafts: Sequence[DraftTree | list[int]] = (
+            self.trees.propose_trees(eligible, max_lens) if self.trees is not None
+            else self.drafter.propose(eligible, max_lens))
+        for req, draft in zip(eligible, drafts, strict=True):
+            if isinstance(draft, DraftTree):
+                req.draft_ids = list(draft.token_ids)
+                # A tree that is a chain verifies as one (no mask, no KV moves).
+                if draft.parents != list(range(-1, len(draft.parents) - 1)):
+                    req.draft_parents = list(draft.parents)
+            else:
                 req.draft_ids = list(draft)
-                if not draft:
-                    self.gate.observe(req.request_id, 0, 0)
+            if not req.draft_ids:
+                self.gate.observe(req.request_id, 0, 0)
 
     def choose(self, items: Sequence[ScheduledItem], logits: torch.Tensor,
                plain: PlainChooser, mask: RowMasker | None = None) -> list[Verified]:
@@ -88,14 +105,25 @@ class Speculator:
                 out.append(Verified(req, [next(plain_choices)], 0))
                 continue
             draft = req.draft_ids[: item.num_draft]
-            choices, num_accepted = verify_draft(logits[start : start + item.num_draft + 1],
-                                                 draft, req.params, req.generator,
-                                                 req.grammar, mask)
+            rows = logits[start : start + item.num_draft + 1]
+            kv_rows: tuple[int, ...] = ()
+            if req.draft_parents is None:
+                choices, num_accepted = verify_draft(rows, draft, req.params, req.generator,
+                                                     req.grammar, mask)
+            else:
+                choices, path = verify_tree(rows, draft, req.draft_parents[: item.num_draft],
+                                            req.params, req.generator, req.grammar, mask)
+                num_accepted = len(path)
+                # Row r of the step holds node r - 1; the path's rows move to positions
+                # start + 1, start + 2, ... where the next steps expect them.
+                kv_rows = tuple(node + 1 for node in path)
+                if self.features is not None:
+                    self.features.accept_rows(req, item.start, kv_rows)
             self.drafter.observe(req, len(draft), num_accepted)
             self.gate.observe(req.request_id, len(draft), num_accepted)
-            out.append(Verified(req, choices, num_accepted, len(draft)))
+            out.append(Verified(req, choices, num_accepted, len(draft), kv_rows))
         for item in items:
-            item.request.draft_ids = []
+            item.request.draft_ids, item.request.draft_parents = [], None
         return out
 
     def record_features(self, items: Sequence[ScheduledItem], aux: torch.Tensor) -> None:
