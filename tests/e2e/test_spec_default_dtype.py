@@ -19,6 +19,8 @@ from engine.models.loader import LoadedModel, default_dtype, load_model
 from engine.protocol import Extend, Finished
 from engine.sampling_params import SamplingParams
 from engine.spec.eagle3_checkpoint import random_eagle3_head, save_eagle3_head
+from engine.spec.speculator import Speculator
+from tests.engine.spec.test_tree_drafts import OracleTrees
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +41,9 @@ def head_dir(tmp_path_factory: pytest.TempPathFactory, model: LoadedModel) -> Pa
     return folder
 
 
-def _engine(model: LoadedModel, spec: str) -> Engine:
-    return Engine(model, EngineConfig(spec=spec, check_invariants=True, max_batch_tokens=256))
+def _engine(model: LoadedModel, spec: str, **config: int) -> Engine:
+    return Engine(model, EngineConfig(spec=spec, check_invariants=True, max_batch_tokens=256,
+                                      **config))
 
 
 def _together(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -61,6 +64,21 @@ def test_drafting_keeps_greedy_output_with_many_draft_rows(model: LoadedModel,
         assert _together(engine, prompts, 40) == plain, spec
         assert engine.stats().num_drafted > 0, spec
         engine.check_invariants()
+
+
+def test_tree_verification_keeps_greedy_output(model: LoadedModel, head_dir: Path) -> None:
+    """Trees whose right path runs through second branches (every accepted node's KV moves),
+    and the head's own trees: the same tokens as plain decoding."""
+    prompts = [model.tokenizer.encode(p) for p in PROMPTS]
+    plain = _together(_engine(model, "none"), prompts, 32)
+    engine = _engine(model, "none")
+    outputs = {tuple(ids): out for ids, out in zip(prompts, plain, strict=True)}
+    engine.speculator = Speculator(OracleTrees(outputs, model.model.config.vocab_size, 4), 8)
+    assert _together(engine, prompts, 32) == plain
+    assert engine.stats().num_accepted > 0.4 * engine.stats().num_drafted
+    engine = _engine(model, f"eagle3:{head_dir}", draft_topk=3, draft_steps=3)
+    assert _together(engine, prompts, 32) == plain
+    engine.check_invariants()
 
 
 def test_a_prefill_beside_decodes_does_not_move_them(model: LoadedModel) -> None:
