@@ -18,6 +18,7 @@ import torch
 from engine.sampling import TokenChoice
 from engine.spec.drafter import Drafter, DraftTree, FeatureDrafter, TreeDrafter
 from engine.spec.gate import DraftGate, DraftGateConfig
+from engine.spec.grammar_prune import prune_draft
 from engine.spec.verify import RowMasker, verify_draft
 from engine.spec.verify_tree import verify_tree
 
@@ -76,13 +77,16 @@ class Speculator:
             self.trees.propose_trees(eligible, max_lens) if self.trees is not None
             else self.drafter.propose(eligible, max_lens))
         for req, draft in zip(eligible, drafts, strict=True):
-            if isinstance(draft, DraftTree):
-                req.draft_ids = list(draft.token_ids)
-                # A tree that is a chain verifies as one (no mask, no KV moves).
-                if draft.parents != list(range(-1, len(draft.parents) - 1)):
-                    req.draft_parents = list(draft.parents)
-            else:
-                req.draft_ids = list(draft)
+            token_ids = list(draft.token_ids if isinstance(draft, DraftTree) else draft)
+            chain = list(range(-1, len(token_ids) - 1))
+            parents = list(draft.parents) if isinstance(draft, DraftTree) else chain
+            if req.grammar is not None and token_ids:
+                # Tokens the grammar forbids could never be accepted: not worth a row.
+                token_ids, parents = prune_draft(req.grammar, token_ids, parents)
+                chain = chain[: len(token_ids)]
+            req.draft_ids = token_ids
+            # A tree that is a chain verifies as one (no mask, no KV moves).
+            req.draft_parents = parents if parents != chain else None
             if not req.draft_ids:
                 self.gate.observe(req.request_id, 0, 0)
 

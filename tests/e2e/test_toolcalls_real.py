@@ -79,7 +79,7 @@ def eagle3_head(loaded_model: LoadedModel, tmp_path_factory: pytest.TempPathFact
     return str(folder)
 
 
-@pytest.mark.parametrize("spec", ["suffix", "eagle3"])
+@pytest.mark.parametrize("spec", ["suffix", "eagle3", "eagle3-tree"])
 def test_sixty_real_calls_are_valid_and_stream_exactly(loaded_model: LoadedModel, spec: str,
                                                        eagle3_head: str) -> None:
     tokenizer = loaded_model.tokenizer
@@ -88,7 +88,8 @@ def test_sixty_real_calls_are_valid_and_stream_exactly(loaded_model: LoadedModel
     system_ids = renderer.system_token_ids(None, tools)
     engine = Engine(loaded_model, EngineConfig(
         kv_memory_bytes=384 << 20, max_running=50, max_batch_tokens=512,
-        spec=f"eagle3+suffix:{eagle3_head}" if spec == "eagle3" else spec))
+        spec=f"eagle3+suffix:{eagle3_head}" if spec.startswith("eagle3") else spec,
+        draft_topk=3 if spec == "eagle3-tree" else 1, draft_steps=3))
     # Cache the shared system prompt once, so every request prefills only their question.
     engine.submit(Extend("warm", "ns", None, system_ids, SamplingParams(max_tokens=1)))
     engine.run_until_idle()
@@ -135,5 +136,8 @@ def test_sixty_real_calls_are_valid_and_stream_exactly(loaded_model: LoadedModel
             assert streamed == raw, (request_id, streamed, raw)
             assert json.loads(streamed) == call.arguments
             calls_by_tool[call.name] += 1
+    if spec != "suffix":  # the head's drafts (trees for eagle3-tree) were verified too
+        assert engine.speculator is not None
+        assert getattr(engine.speculator.drafter, "num_head_drafts", 0) > 0
     assert sum(calls_by_tool.values()) >= num_calls
     assert set(calls_by_tool) == set(QUESTIONS), calls_by_tool
