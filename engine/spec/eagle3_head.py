@@ -33,40 +33,66 @@ class HeadKV:
     """One sequence's keys and values in the head's single layer. Mutable; owned by whoever
     drafts for the sequence. `k`, `v`: (num_tokens, num_kv_heads, head_dim) in the head's dtype,
     keys after rotary; `positions`: (num_tokens,) int64, the position each row was computed at.
-    Row order is the order rows were extended in, which the forward's causal mask follows."""
+    Row order is the order rows were extended in, which the forward's causal mask follows.
+
+    Rows live in buffers that grow by doubling, so a draft step appends in place instead of
+    copying the whole cache (the views `k`, `v`, `positions` are valid until the next
+    `extend`)."""
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> None:
-        self.k = torch.empty(0, num_kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
-        self.positions = torch.empty(0, dtype=torch.int64, device=device)
+        self._k = torch.empty(0, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self._v = torch.empty_like(self._k)
+        self._positions = torch.empty(0, dtype=torch.int64, device=device)
+        self._num_tokens = 0
 
     @property
     def num_tokens(self) -> int:
-        return int(self.positions.numel())
+        return self._num_tokens
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self._k[: self._num_tokens]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._v[: self._num_tokens]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self._positions[: self._num_tokens]
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
         """Append rows: `k`, `v` (n, num_kv_heads, head_dim), `positions` (n,)."""
-        if not k.shape == v.shape == (positions.numel(), *self.k.shape[1:]):
+        if not k.shape == v.shape == (positions.numel(), *self._k.shape[1:]):
             raise ValueError(f"HeadKV.extend: k {tuple(k.shape)}, v {tuple(v.shape)} and "
-                             f"{positions.numel()} positions do not match {self.k.shape[1:]}")
-        self.k = torch.cat([self.k, k.to(self.k.dtype)])
-        self.v = torch.cat([self.v, v.to(self.v.dtype)])
-        self.positions = torch.cat([self.positions, positions.to(torch.int64)])
+                             f"{positions.numel()} positions do not match {self._k.shape[1:]}")
+        start, end = self._num_tokens, self._num_tokens + positions.numel()
+        if end > self._k.shape[0]:
+            capacity = max(end, 2 * self._k.shape[0], 64)
+            for name in ("_k", "_v", "_positions"):
+                old = getattr(self, name)
+                grown = old.new_empty((capacity, *old.shape[1:]))
+                grown[:start] = old[:start]
+                setattr(self, name, grown)
+        self._k[start:end] = k
+        self._v[start:end] = v
+        self._positions[start:end] = positions
+        self._num_tokens = end
 
     def truncate(self, num_tokens: int) -> None:
         """Keep the first `num_tokens` rows (rollback of rejected drafts). Raises ValueError
         when `num_tokens` is negative or more than held."""
-        if not 0 <= num_tokens <= self.num_tokens:
-            raise ValueError(f"HeadKV.truncate({num_tokens}) with {self.num_tokens} rows held")
-        self.k, self.v = self.k[:num_tokens], self.v[:num_tokens]
-        self.positions = self.positions[:num_tokens]
+        if not 0 <= num_tokens <= self._num_tokens:
+            raise ValueError(f"HeadKV.truncate({num_tokens}) with {self._num_tokens} rows held")
+        self._num_tokens = num_tokens
 
     def check_invariants(self) -> None:
-        n = self.num_tokens
-        assert self.k.shape[0] == self.v.shape[0] == n, (
-            f"HeadKV: {self.k.shape[0]} keys, {self.v.shape[0]} values, {n} positions")
-        assert self.k.shape == self.v.shape, f"HeadKV: k {self.k.shape} vs v {self.v.shape}"
+        n = self._num_tokens
+        assert 0 <= n <= self._k.shape[0] == self._v.shape[0] == self._positions.shape[0], (
+            f"HeadKV: {n} rows in buffers of {self._k.shape[0]}, {self._v.shape[0]}, "
+            f"{self._positions.shape[0]}")
+        assert self._k.shape == self._v.shape, f"HeadKV: k {self._k.shape} vs v {self._v.shape}"
 
 
 class HeadOutput(NamedTuple):
@@ -179,10 +205,12 @@ class Eagle3Head:
             else:  # row i sees every cached row and the new rows up to itself
                 visible = (torch.arange(kv.num_tokens)[None, :]
                            <= num_past + torch.arange(num_new)[:, None])
-            keys = kv.k.float().repeat_interleave(group, dim=1).transpose(0, 1)
-            values = kv.v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+            # fp32 math, grouped heads read in place (no copy of the cache per step).
+            keys = kv.k.float().transpose(0, 1)
+            values = kv.v.float().transpose(0, 1)
             out = F.scaled_dot_product_attention(q[rows].float().transpose(0, 1), keys, values,
-                                                 attn_mask=visible, scale=hd ** -0.5)
+                                                 attn_mask=visible, scale=hd ** -0.5,
+                                                 enable_gqa=group > 1)
             outputs.append(out.transpose(0, 1).reshape(num_new, cfg.q_size))
         return torch.cat(outputs).to(self.dtype)
 
