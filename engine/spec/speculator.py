@@ -9,6 +9,7 @@ tokens, so their slots are simply overwritten by the next step.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,6 +58,9 @@ class Speculator:
         self.gate = DraftGate(gate)
         self.num_drafted = 0
         self.num_accepted = 0
+        # Verifications by how many draft tokens they accepted (acceptance by depth: the
+        # share of verifications that accepted at least d).
+        self.accepted_lens: Counter[int] = Counter()
 
     def propose(self, running: Sequence[Request], max_context: int) -> None:
         """Set `draft_ids` on every decoding request (empty where there is nothing to guess, or
@@ -125,6 +129,7 @@ class Speculator:
                     self.features.accept_rows(req, item.start, kv_rows)
             self.drafter.observe(req, len(draft), num_accepted)
             self.gate.observe(req.request_id, len(draft), num_accepted)
+            self.accepted_lens[num_accepted] += 1
             out.append(Verified(req, choices, num_accepted, len(draft), kv_rows))
         for item in items:
             item.request.draft_ids, item.request.draft_parents = [], None
