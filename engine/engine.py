@@ -293,15 +293,17 @@ class Engine:
                   logprobs: list[float] | None,
                   tops: list[list[tuple[int, float]]] | None) -> list[Message]:
         text += req.stopper.finish()
+        if self.speculator is not None:  # first: the drafter reads how far it was computed
+            self.speculator.finish(req)
         self.scheduler.finish(req)
         out: list[Message] = []
         if token_ids or text:
             out.append(TokenChunk(req.request_id, token_ids, text, logprobs, tops))
-        out.append(self._finished(req))
+        out.append(self._finished(req, drafter_done=True))
         return out
 
-    def _finished(self, req: Request) -> Finished:
+    def _finished(self, req: Request, drafter_done: bool = False) -> Finished:
         self.num_finished += 1
-        if self.speculator is not None:
+        if self.speculator is not None and not drafter_done:
             self.speculator.finish(req)
         return finished_of(req, self.clock(), self.worker_id)

@@ -112,7 +112,8 @@ class Eagle3Drafter:
             if seq is None:
                 seq = self._seqs[item.request.request_id] = self._adopt(item.request)
             for i in range(item.num_tokens):
-                seq.features[item.start + i] = aux[offset + i]
+                if item.start + i >= seq.next_pos:  # earlier ones the head has (adopted KV)
+                    seq.features[item.start + i] = aux[offset + i]
             offset += item.num_tokens
 
     @property
@@ -125,7 +126,7 @@ class Eagle3Drafter:
         if self.tree is None:
             return list(self.propose(requests, max_lens))
         out: list[DraftTree | list[int]] = [[] for _ in requests]
-        live = [i for i in self._extend(requests) if max_lens[i] > 0]
+        live = self._extend_drafting(requests, max_lens)
         starts = []
         for i in live:
             seq = self._seqs[requests[i].request_id]
@@ -152,8 +153,7 @@ class Eagle3Drafter:
 
     def propose(self, requests: list[Request], max_lens: list[int]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in requests]
-        extended = self._extend(requests)
-        live = [i for i in extended if max_lens[i] > 0]
+        live = self._extend_drafting(requests, max_lens)
         if not live:
             return drafts
         seqs = [self._seqs[requests[i].request_id] for i in live]
@@ -178,13 +178,24 @@ class Eagle3Drafter:
             seq.kv.truncate(num_tokens)  # draft positions are guesses, never kept
         return drafts
 
+    def _extend_drafting(self, requests: list[Request], max_lens: list[int]) -> list[int]:
+        """Extend the heads of the requests that have room to draft; the indices of those
+        ready to draft. The others' features wait: a head that is not drafting (the suffix
+        drafter took the request, or the gate skips it) costs nothing per step, and catches
+        up over every waiting position in one pass when it drafts again."""
+        drafting = [i for i, room in enumerate(max_lens) if room > 0]
+        ready = self._extend([requests[i] for i in drafting])
+        return [drafting[j] for j in ready]
+
     def _extend(self, requests: list[Request]) -> list[int]:
         """Extend each request's head over its newly computed positions (one batched pass);
         the indices of the requests whose last computed position is extended."""
         batch: list[tuple[int, _HeadSeq, list[int]]] = []
         for i, req in enumerate(requests):
             seq = self._seqs.get(req.request_id)
-            last = req.num_computed - 1  # token last + 1 is known: the head can take `last`
+            # The head can take a computed position once the token after it is known (a
+            # finished request's last computed position may be followed by nothing: a stop).
+            last = min(req.num_computed, len(req.all_ids) - 1) - 1
             if seq is None or seq.next_pos == last + 1:
                 continue
             if 0 <= seq.next_pos <= last and all(p in seq.features
@@ -250,6 +261,10 @@ class Eagle3Drafter:
         """Nothing to undo: draft positions never stay in the head's cache."""
 
     def finish(self, request: Request) -> None:
+        if request.session_id is not None and request.request_id in self._seqs:
+            # The last step's positions are in the prefix cache now: extend the head over
+            # them too, or the session's next turn would start past the kept KV and lose it.
+            self._extend([request])
         seq = self._seqs.pop(request.request_id, None)
         if seq is None or request.session_id is None or seq.next_pos <= 0:
             return

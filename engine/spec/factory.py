@@ -54,13 +54,13 @@ def make_speculator(spec: str, max_draft_len: int, target: LoadedModel,
                                                  max_draft_len), max_draft_len, gate)
     if spec.startswith(("eagle3:", "eagle3+suffix:")):
         kind, _, path = spec.partition(":")
-        return Speculator(_eagle3_drafter(kind, path, target, max_draft_len, tree),
+        return Speculator(_eagle3_drafter(kind, path, target, max_draft_len, tree, gate),
                           max_draft_len, gate)
     raise InvalidRequest(f"speculative mode '{spec}' is unknown; choose from {SPEC_CHOICES}")
 
 
 def _eagle3_drafter(kind: str, path: str, target: LoadedModel, max_draft_len: int,
-                    tree: TreeShape | None) -> Drafter:
+                    tree: TreeShape | None, gate: DraftGateConfig) -> Drafter:
     """The head in `path` drafting alone ("eagle3") or with the suffix drafter taking long
     matches ("eagle3+suffix"). Raises InvalidDraftHead when the head does not fit `target`."""
     from engine.spec.eagle3_drafter import Eagle3Drafter
@@ -78,4 +78,5 @@ def _eagle3_drafter(kind: str, path: str, target: LoadedModel, max_draft_len: in
     eagle = Eagle3Drafter(head, max_draft_len, tree=tree)
     if kind == "eagle3":
         return eagle
-    return HybridDrafter(SuffixDrafter(SuffixDrafterConfig(max_draft_len=max_draft_len)), eagle)
+    return HybridDrafter(SuffixDrafter(SuffixDrafterConfig(max_draft_len=max_draft_len)), eagle,
+                         gate=gate)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from engine.spec.drafter import DraftTree
 from engine.spec.eagle3_drafter import Eagle3Drafter
+from engine.spec.gate import DraftGate, DraftGateConfig
 from engine.spec.suffix_drafter import SuffixDrafter
 
 if TYPE_CHECKING:
@@ -31,11 +32,17 @@ DEFAULT_MIN_MATCH_LEN = 4
 class HybridDrafter:
     name = "eagle3+suffix"
 
+    # The speculator's own gate would let the head's misses stop the suffix drafter's
+    # drafts too: this drafter gates the head alone, and a long match is always drafted.
+    gates_itself = True
+
     def __init__(self, suffix: SuffixDrafter, eagle: Eagle3Drafter,
-                 min_match_len: int = DEFAULT_MIN_MATCH_LEN) -> None:
+                 min_match_len: int = DEFAULT_MIN_MATCH_LEN,
+                 gate: DraftGateConfig | None = None) -> None:
         self.suffix = suffix
         self.eagle = eagle
         self.min_match_len = min_match_len
+        self.head_gate = DraftGate(gate)
         self.capture_layers = eagle.capture_layers
         self._from_suffix: dict[str, bool] = {}  # which drafter made a request's last draft
         self.num_suffix_drafts = 0
@@ -64,7 +71,8 @@ class HybridDrafter:
                  ) -> list[DraftTree | list[int]]:
         matched = self.suffix.propose_matched(requests, max_lens)
         use_suffix = [n >= self.min_match_len and bool(tokens) for n, tokens in matched]
-        rooms = [0 if taken else room for taken, room in zip(use_suffix, max_lens, strict=True)]
+        rooms = [0 if taken or not self.head_gate.allow(req.request_id) else room
+                 for req, taken, room in zip(requests, use_suffix, max_lens, strict=True)]
         head: list[DraftTree | list[int]] = (self.eagle.propose_trees(requests, rooms) if trees
                                              else list(self.eagle.propose(requests, rooms)))
         drafts: list[DraftTree | list[int]] = []
@@ -82,12 +90,15 @@ class HybridDrafter:
             self.suffix.observe(request, num_drafted, num_accepted)
         else:
             self.eagle.observe(request, num_drafted, num_accepted)
+            self.head_gate.observe(request.request_id, num_drafted, num_accepted)
 
     def finish(self, request: Request) -> None:
         self._from_suffix.pop(request.request_id, None)
+        self.head_gate.forget(request.request_id)
         self.suffix.finish(request)
         self.eagle.finish(request)
 
     def check_invariants(self) -> None:
+        self.head_gate.check_invariants()
         self.suffix.check_invariants()
         self.eagle.check_invariants()

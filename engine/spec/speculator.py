@@ -55,7 +55,9 @@ class Speculator:
         self.trees = drafter if isinstance(drafter, TreeDrafter) else None
         self.draws_trees = self.trees is not None and self.trees.draws_trees
         self.max_draft_len = max_draft_len
-        self.gate = DraftGate(gate)
+        # A drafter that gates itself (per source) replaces the request-level gate.
+        self.gate = DraftGate(DraftGateConfig(max_skip=0) if getattr(
+            drafter, "gates_itself", False) else gate)
         self.num_drafted = 0
         self.num_accepted = 0
         # Verifications by how many draft tokens they accepted (acceptance by depth: the

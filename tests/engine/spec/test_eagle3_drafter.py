@@ -201,3 +201,23 @@ def test_next_turn_adopts_the_sessions_head_kv(tiny: LoadedModel, head_dir: Path
     assert drafter._seqs["t2"].kv.num_tokens == n - 1  # every position, none recomputed here
     assert drafts == _reference_drafts(head, aux, second_ids, 3)
     drafter.check_invariants()
+
+
+def test_a_missing_head_does_not_stop_the_suffix_drafter(tiny: LoadedModel,
+                                                         head_dir: Path) -> None:
+    """The head (random: it always misses) is gated by its own misses; the suffix drafter's
+    long matches are still drafted on every step they exist, as by the suffix drafter alone,
+    and a gated head is not run at all (its features wait)."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = repetitive_prompts(tiny)
+    alone = make_engine(tiny, "suffix")
+    both = make_engine(tiny, f"eagle3+suffix:{head_dir}")
+    assert both.speculator is not None
+    drafter = cast(HybridDrafter, both.speculator.drafter)
+    for _ in range(2):
+        run(alone, prompts, params, session="s1")
+        run(both, prompts, params, session="s1")
+    assert drafter.head_gate.num_skipped > 0  # the head's misses gated it
+    assert both.speculator.gate.num_skipped == 0  # ... and nothing else
+    assert both.stats().num_accepted >= alone.stats().num_accepted
+    both.check_invariants()

@@ -5,12 +5,13 @@ path's KV moved into place, greedy output identical to plain decoding; the EAGLE
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import torch
 
 from engine.core import Request
+from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.models.loader import LoadedModel
 from engine.sampling_params import SamplingParams
@@ -163,3 +164,50 @@ def test_request_state_is_clean_after_a_tree_step(tiny: LoadedModel, head_dir: P
         for req in engine.scheduler.running:
             assert cast(Request, req).draft_ids == [] and req.draft_parents is None
     assert_pool_baseline(engine)
+
+
+def _recorded_drafts(engine: Engine) -> list[list[int]]:
+    """Wrap the engine's drafter so every proposal is kept, in order."""
+    assert engine.speculator is not None
+    drafter = cast(Any, engine.speculator.drafter)
+    seen: list[list[int]] = []
+    propose = drafter.propose_trees
+
+    def recording(requests: list[Request], max_lens: list[int]) -> list[DraftTree | list[int]]:
+        out = propose(requests, max_lens)
+        seen.extend(list(d.token_ids) if isinstance(d, DraftTree) else list(d) for d in out)
+        return out
+
+    drafter.propose_trees = recording
+    return seen
+
+
+def test_a_cache_hit_drafts_as_a_cold_turn_does(tiny: LoadedModel, tmp_path: Path) -> None:
+    """Turn 2 of a session hits the prefix cache on turn 1; the head adopts turn 1's KV. Its
+    drafts, step by step, are those of a cold engine that computed every position of turn 2
+    itself, so acceptance after a hit is acceptance without one."""
+    from engine.protocol import Extend, Finished
+
+    # Large attention weights: drafts that depend on the context, so a head that missed the
+    # cached positions would draft differently.
+    head_dir = tmp_path / "head"
+    save_eagle3_head(head_dir, random_eagle3_head(tiny.model.config, 512, seed=7, scale=1.5,
+                                                  captured_layer_ids=LAYERS))
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    first = repetitive_prompts(tiny)[1]
+    warm = make_engine(tiny, f"eagle3:{head_dir}", max_draft_len=3)
+    warm.submit(Extend("t1", "ns", None, first, params, session_id="s"))
+    reply = next(m for m in warm.run_until_idle() if isinstance(m, Finished)).output_token_ids
+    second = [*first, *reply, *tiny.tokenizer.encode(" and then one more line")]
+    seen_warm = _recorded_drafts(warm)
+    warm.submit(Extend("t2", "ns", None, second, params, session_id="s"))
+    hit = next(m for m in warm.run_until_idle() if isinstance(m, Finished))
+    assert hit.cached_len > 0
+    cold = make_engine(tiny, f"eagle3:{head_dir}", max_draft_len=3, enable_prefix_cache=False)
+    seen_cold = _recorded_drafts(cold)
+    cold.submit(Extend("t2", "ns", None, second, params, session_id="s"))
+    fresh = next(m for m in cold.run_until_idle() if isinstance(m, Finished))
+    assert fresh.cached_len == 0
+    assert hit.output_token_ids == fresh.output_token_ids
+    assert seen_warm and seen_warm == seen_cold
+    assert (hit.num_drafted, hit.num_accepted) == (fresh.num_drafted, fresh.num_accepted)
