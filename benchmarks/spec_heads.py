@@ -12,7 +12,9 @@ Per workload, batch and mode: decode tokens/s over the batch (tokens after each 
 first / the wall time from the first token to the last), its ratio to plain decoding run back
 to back, the mean accepted length (tokens per verify step), whether every output equals plain
 decoding's, and acceptance by depth (the share of verifications that accepted at least d
-drafts). Separately: the head's cost per draft step against the target's per decode step.
+drafts); at batch 1, OpenVINO GenAI's prompt-lookup decoding on the same GGUF and threads, as a
+ratio to our plain decoding run just before it, where it is installed. Separately: the head's
+cost per draft step against the target's per decode step.
 """
 
 from __future__ import annotations
@@ -85,11 +87,26 @@ def run_batch(engine: Engine, prompts: list[list[int]], max_tokens: int
     return outputs, decoded / elapsed if elapsed > 0 else 0.0
 
 
+def openvino_pld(loaded: LoadedModel) -> Any:
+    """OpenVINO GenAI's prompt-lookup decoding on the same GGUF, or None where it is not
+    installed (pip install '.[bench]')."""
+    try:
+        from benchmarks.peers.openvino_peer import OpenVINOPeer
+    except ImportError:
+        return None
+    try:
+        return OpenVINOPeer(loaded.path, THREADS, prompt_lookup=True)
+    except ImportError:
+        log("openvino-genai is not installed: no peer column (pip install '.[bench]')")
+        return None
+
+
 def measure(loaded: LoadedModel, head: Path, repeats: int, batches: list[int]
             ) -> dict[str, Any]:
     engines = {name: Engine(loaded, EngineConfig(kv_memory_bytes=512 << 20,
                                                  enable_prefix_cache=False, **config))
                for name, config in modes(head).items()}
+    peer = openvino_pld(loaded)
     texts = dict(workloads())
     texts["held_out"] = ("", 128)
     rows: dict[str, Any] = {}
@@ -99,9 +116,12 @@ def measure(loaded: LoadedModel, head: Path, repeats: int, batches: list[int]
             speeds: dict[str, list[float]] = {m: [] for m in engines}
             identical = dict.fromkeys(engines, True)
             before = {m: _counts(e) for m, e in engines.items()}
+            pld: list[float] = []
             for _ in range(repeats):
                 plain, plain_speed = run_batch(engines["plain"], prompts, max_tokens)
                 speeds["plain"].append(plain_speed)
+                if peer is not None and batch == 1:  # its generate() serves one prompt
+                    pld.append(peer.decode_tok_s(prompts[0], len(plain[0])) / plain_speed)
                 for mode, engine in engines.items():
                     if mode == "plain":
                         continue
@@ -119,7 +139,8 @@ def measure(loaded: LoadedModel, head: Path, repeats: int, batches: list[int]
                     "identical": identical[mode], "drafted": drafted, "accepted": accepted,
                     "mean_accepted_len": 1 + accepted / verifies if verifies else 1.0,
                     "accept_by_depth": [sum(n for k, n in lens.items() if k >= d) / verifies
-                                        for d in range(1, 5)] if verifies else []}
+                                        for d in range(1, 5)] if verifies else [],
+                    "openvino_pld_ratio": statistics.median(pld) if pld else None}
                 log(f"{name} batch {batch} {mode}: {rows[f'{name}/b{batch}/{mode}']}")
     return rows
 
@@ -181,9 +202,10 @@ def main() -> None:
     cost = head_cost(loaded, args.head)
     finish_notes(notes)
     headers = ["workload", "batch", "mode", "tok/s", "x plain", "mean accepted", "identical",
-               "accept >=1", ">=2", ">=3", ">=4"]
+               "accept >=1", ">=2", ">=3", ">=4", "openvino pld x plain"]
     table = [[r["workload"], r["batch"], r["mode"], r["tok_s"], r["ratio"],
-              r["mean_accepted_len"], r["identical"], *(r["accept_by_depth"] or [None] * 4)]
+              r["mean_accepted_len"], r["identical"], *(r["accept_by_depth"] or [None] * 4),
+              r["openvino_pld_ratio"] if r["mode"] == "plain" else None]
              for r in rows.values()]
     print(f"\nDrafters, greedy, {notes['precision']}, medians of {args.repeats}")
     print(format_table(headers, table))
