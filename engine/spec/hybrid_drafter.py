@@ -2,15 +2,17 @@
 proposal where it continues a long match (text the agent re-emits: file content, JSON it has
 seen, paths), the head's everywhere else (new prose, where the suffix drafter has nothing).
 
-The head is kept current for every request, drafting or not (its `propose` with no room only
-extends it over the newly computed positions), so switching sources costs nothing. `observe`
+The head runs only for the requests it drafts for: the others' captured features wait, and it
+catches up over them in one pass when it drafts again (engine.spec.eagle3_drafter). `observe`
 reaches the drafter whose draft was verified: the suffix drafter adapts its draft length to its
-own hits.
+own hits. The head drafts only while its drafts pay (`HeadWorth`), so with a head that guesses
+badly the combination falls back to the suffix drafter alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.spec.drafter import DraftTree
@@ -29,6 +31,32 @@ if TYPE_CHECKING:
 DEFAULT_MIN_MATCH_LEN = 4
 
 
+@dataclass
+class HeadWorth:
+    """Whether the head's drafts have paid lately, over all requests: an exponential average of
+    the tokens accepted per head draft. Below `min_accepted` the head drafts only as a probe,
+    once every `probe_every` chances, so a head that does not pay costs almost nothing (a request
+    the head never drafts for never runs it) while one that starts paying is noticed. One token
+    a draft: a draft token costs a head pass, a third of a target decode step for SmolLM2's head
+    on the CPU (benchmarks.spec_heads), and the verify rows are not free either."""
+
+    min_accepted: float = 1.0
+    probe_every: int = 64
+    decay: float = 0.05
+    value: float = 2.0  # optimistic: a new head drafts until it has shown what it is worth
+    chances: int = 0
+
+    def allow(self) -> bool:
+        """Whether the head may draft at one chance (a request it would draft for)."""
+        if self.value >= self.min_accepted:
+            return True
+        self.chances += 1
+        return self.chances % self.probe_every == 0
+
+    def observe(self, num_accepted: int) -> None:
+        self.value += self.decay * (num_accepted - self.value)
+
+
 class HybridDrafter:
     name = "eagle3+suffix"
 
@@ -43,6 +71,7 @@ class HybridDrafter:
         self.eagle = eagle
         self.min_match_len = min_match_len
         self.head_gate = DraftGate(gate)
+        self.worth = HeadWorth()
         self.capture_layers = eagle.capture_layers
         self._from_suffix: dict[str, bool] = {}  # which drafter made a request's last draft
         self.num_suffix_drafts = 0
@@ -71,7 +100,8 @@ class HybridDrafter:
                  ) -> list[DraftTree | list[int]]:
         matched = self.suffix.propose_matched(requests, max_lens)
         use_suffix = [n >= self.min_match_len and bool(tokens) for n, tokens in matched]
-        rooms = [0 if taken or not self.head_gate.allow(req.request_id) else room
+        rooms = [0 if taken or not self.head_gate.allow(req.request_id)
+                 or not self.worth.allow() else room
                  for req, taken, room in zip(requests, use_suffix, max_lens, strict=True)]
         head: list[DraftTree | list[int]] = (self.eagle.propose_trees(requests, rooms) if trees
                                              else list(self.eagle.propose(requests, rooms)))
@@ -91,6 +121,8 @@ class HybridDrafter:
         else:
             self.eagle.observe(request, num_drafted, num_accepted)
             self.head_gate.observe(request.request_id, num_drafted, num_accepted)
+            if num_drafted:
+                self.worth.observe(num_accepted)
 
     def finish(self, request: Request) -> None:
         self._from_suffix.pop(request.request_id, None)

@@ -221,3 +221,16 @@ def test_a_missing_head_does_not_stop_the_suffix_drafter(tiny: LoadedModel,
     assert both.speculator.gate.num_skipped == 0  # ... and nothing else
     assert both.stats().num_accepted >= alone.stats().num_accepted
     both.check_invariants()
+
+
+def test_a_head_that_does_not_pay_only_probes() -> None:
+    from engine.spec.hybrid_drafter import HeadWorth
+
+    worth = HeadWorth(min_accepted=1.0, probe_every=4, decay=0.5)
+    assert worth.allow()  # a new head drafts
+    for _ in range(6):
+        worth.observe(0)
+    assert [worth.allow() for _ in range(8)] == [False, False, False, True] * 2
+    for _ in range(4):
+        worth.observe(3)  # it started paying: drafts every time again
+    assert all(worth.allow() for _ in range(5))
