@@ -87,6 +87,11 @@ class HeadKVCache:
 
 
 DEFAULT_KEPT_SESSIONS = 16  # head KV of 8k tokens is ~12 MB in fp32 for SmolLM2's head
+# Captured positions kept for a head that is not drafting (the suffix drafter took the request,
+# or the head does not pay): 3 layers of fp32 are ~7 KB a position for SmolLM2, so an idle
+# head keeps the last 256, and one that drafts again starts over from them (a bounded
+# catch-up, with less context) rather than read a whole long prompt.
+MAX_PENDING_FEATURES = 256
 
 
 class Eagle3Drafter:
@@ -115,6 +120,10 @@ class Eagle3Drafter:
                 if item.start + i >= seq.next_pos:  # earlier ones the head has (adopted KV)
                     seq.features[item.start + i] = aux[offset + i]
             offset += item.num_tokens
+            if len(seq.features) > MAX_PENDING_FEATURES:
+                newest = max(seq.features)
+                for p in [p for p in seq.features if p <= newest - MAX_PENDING_FEATURES]:
+                    del seq.features[p]
 
     @property
     def draws_trees(self) -> bool:
@@ -261,9 +270,11 @@ class Eagle3Drafter:
         """Nothing to undo: draft positions never stay in the head's cache."""
 
     def finish(self, request: Request) -> None:
-        if request.session_id is not None and request.request_id in self._seqs:
+        running = self._seqs.get(request.request_id)
+        if request.session_id is not None and running is not None and running.next_pos > 0:
             # The last step's positions are in the prefix cache now: extend the head over
             # them too, or the session's next turn would start past the kept KV and lose it.
+            # (A head that never ran for this request keeps nothing: no pass at the end.)
             self._extend([request])
         seq = self._seqs.pop(request.request_id, None)
         if seq is None or request.session_id is None or seq.next_pos <= 0:

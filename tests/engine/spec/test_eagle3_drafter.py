@@ -234,3 +234,21 @@ def test_a_head_that_does_not_pay_only_probes() -> None:
     for _ in range(4):
         worth.observe(3)  # it started paying: drafts every time again
     assert all(worth.allow() for _ in range(5))
+
+
+def test_an_idle_head_keeps_a_bounded_window_of_features(tiny: LoadedModel,
+                                                         head_dir: Path) -> None:
+    from engine.spec.eagle3_drafter import MAX_PENDING_FEATURES
+
+    drafter = Eagle3Drafter(_head(tiny, head_dir), max_draft_len=2)
+    ids = tiny.tokenizer.encode("lorem ipsum dolor sit amet consectetur " * 80)[:300]
+    req = _Req("long", list(ids))
+    aux = _features(tiny, ids)
+    drafter.record_features([ScheduledItem(cast(Request, req), 0, 299)], aux[:299])
+    assert len(drafter._seqs["long"].features) == MAX_PENDING_FEATURES
+    req.num_computed = 299
+    [drafts] = drafter.propose([cast(Request, req)], [2])
+    assert len(drafts) == 2
+    # The head started over at the oldest kept position: it read the last 256 only.
+    assert drafter._seqs["long"].kv.num_tokens == MAX_PENDING_FEATURES
+    drafter.check_invariants()
