@@ -13,4 +13,8 @@ echo "gpu_check: python=$PY out=$OUT" >&2
 if [ "${1:-}" != "--dry-run" ]; then nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true; fi
 # 470 s hard stop leaves room inside 8 minutes; the script itself skips sections past 450 s.
 timeout 470 "$PY" benchmarks/gpu_check.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_check.log"
-exit "${PIPESTATUS[0]}"
+status="${PIPESTATUS[0]}"
+# --tp 2 over NCCL where the machine has two GPUs (it says "skipped" on one).
+timeout 240 "$PY" benchmarks/gpu_check_tp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_check_tp.log"
+tp_status="${PIPESTATUS[0]}"
+exit $(( status != 0 ? status : tp_status ))

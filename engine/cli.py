@@ -12,7 +12,7 @@ import torch
 
 from engine import cpu_isa
 from engine.engine import Engine, EngineConfig
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidParallelism
 from engine.kv_pool import DEFAULT_SWA_RATIO
 from engine.models.loader import LoadedModel, auto_cpu_dtype, default_dtype, load_model
 from engine.native import kernel_simd
@@ -96,6 +96,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              "--max-draft-len best nodes are verified in one forward")
     parser.add_argument("--draft-steps", type=int, default=0, metavar="D",
                         help="eagle3 tree depth (default: --max-draft-len)")
+    parser.add_argument("--tp", type=int, default=1, metavar="N",
+                        help="tensor parallelism: split the model's heads, KV heads, MLP and "
+                             "experts over N ranks (processes on this host: one GPU each "
+                             "from --device's on, or the CPU's threads shared among them); "
+                             "N must divide the heads and KV heads (default 1)")
     parser.add_argument("--draft-backoff", type=int, default=16, metavar="N",
                         help="after 4 drafts in a row that miss, skip drafting for 1, 2, 4 .. N "
                              "decode steps (an accepted token resets it). 0: draft every step")
@@ -120,7 +125,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         host_kv_memory_bytes=args.host_kv_memory * MIB,
                         kv_dir=args.kv_dir or "radixgate-kv", kv_disk_bytes=args.kv_disk * MIB,
                         max_context=args.max_context, swa_memory=not args.no_swa_memory,
-                        swa_ratio=args.swa_kv_ratio, deterministic=args.deterministic)
+                        swa_ratio=args.swa_kv_ratio, deterministic=args.deterministic,
+                        tp=args.tp)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -233,14 +239,28 @@ def engine_main(args: argparse.Namespace) -> int:
     except EngineError as exc:
         print(f"radixgate engine: error: {exc}", file=sys.stderr)
         return 2
-    serve_engine(engine, args.host, args.port, hooks)
+    try:
+        serve_engine(engine, args.host, args.port, hooks)
+    finally:
+        engine.close()
+    if engine.tp is not None and engine.tp.has_failed:
+        print("radixgate engine: error: a tensor-parallel rank failed; exiting",
+              file=sys.stderr)
+        return 1
     return 0
 
 
 def disagg_hooks(engine: Engine, args: argparse.Namespace) -> list[LoopHook]:
-    """Every worker can prefill for others; one with --prefill-peer also pulls from them."""
+    """Every worker can prefill for others; one with --prefill-peer also pulls from them.
+    Not a tensor-parallel worker yet (its KV is split over its ranks)."""
     from engine.disagg.decode_side import KvPuller
     from engine.disagg.prefill_side import KvServer
+
+    if engine.tp is not None:
+        if args.prefill_peer:
+            raise InvalidParallelism("--tp does not run with disaggregated prefill "
+                                     "(--prefill-peer) yet")
+        return []
 
     hooks: list[LoopHook] = [KvServer(engine, args.host)]
     if args.prefill_peer:

@@ -116,12 +116,15 @@ class EngineClient:
         return message
 
     async def probe(self, namespace: str, token_ids: list[int],
-                    timeout_s: float = 10.0) -> PrefixMatch:
-        """How much of `token_ids` the engine holds cached, and its load. Raises TimeoutError,
-        EngineShutdown."""
+                    timeout_s: float = 10.0, num_new_tokens: int = -1,
+                    max_wait_s: float = 0.0, reserve_for: str = "") -> PrefixMatch:
+        """How much of `token_ids` the engine holds cached, and its load: with the estimated
+        wait for a turn computing `num_new_tokens` (-1: the uncached part of `token_ids`),
+        reserved for the turn binding `reserve_for` when within `max_wait_s`
+        (`PrefixProbe`). Raises TimeoutError, EngineShutdown."""
         request_id = f"probe-{uuid.uuid4().hex}"
-        message = await self._ask(PrefixProbe(request_id, namespace, token_ids), request_id,
-                                  timeout_s)
+        message = await self._ask(PrefixProbe(request_id, namespace, token_ids, num_new_tokens,
+                                              max_wait_s, reserve_for), request_id, timeout_s)
         assert isinstance(message, PrefixMatch), f"expected PrefixMatch, got {message!r}"
         return message
 

@@ -44,6 +44,7 @@ class Request:
     arrival_s: float
     bind_turn_id: str | None = None
     session_id: str | None = None
+    shared_len: int = 0  # leading prompt tokens declared public (engine.scheduler.shared_prefix)
     grammar: TokenGrammar | None = None  # masks each sampled token; advanced with the output
     output_ids: list[int] = field(default_factory=list)
     page_ids: list[int] = field(default_factory=list)
@@ -52,6 +53,7 @@ class Request:
     swa_page_ids: list[int] = field(default_factory=list)
     cached_len: int = 0
     first_cached_len: int | None = None  # cached_len at the first admission (what usage reports)
+    queued_cached_len: int = 0  # what the cache held of the prompt on arrival (load estimates)
     num_computed: int = 0
     lock_node: CacheNode | None = None
     phase: Phase = Phase.WAITING

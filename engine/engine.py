@@ -25,17 +25,18 @@ from engine.cuda_graph import make_static_decode
 from engine.deterministic import deterministic_setup
 from engine.engine_config import EngineConfig, swa_memory_applies
 from engine.engine_stats import engine_stats
-from engine.errors import EngineError, InvalidRequest, UnknownParent
+from engine.errors import EngineError, InvalidRequest
 from engine.kv_pool import KVPool, plan_kv_layout
 from engine.model_runner import ModelRunner
 from engine.models.loader import LoadedModel, place_model
 from engine.protocol import Extend, Failed, Finished, Message, Stats, TokenChunk
-from engine.request_limits import clamp_max_tokens, context_len, finished_of, replay_output
-from engine.sampling import TokenChoice, make_generator, sample_batch
+from engine.request_limits import context_len, finished_of, make_request
+from engine.sampling import TokenChoice, sample_batch
+from engine.scheduler.queue_estimate import QueueEstimator, prefill_rows
 from engine.scheduler.scheduler import Scheduler
 from engine.spec.factory import make_speculator
 from engine.spec.speculator import Speculator, Verified
-from engine.stopping import TextStopper
+from engine.tp.launch import TensorParallel
 
 __all__ = ["Engine", "EngineConfig"]  # EngineConfig lives in engine.engine_config
 
@@ -44,10 +45,15 @@ class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or EngineConfig()
-        self.loaded = place_model(loaded, self.config.device)
+        # --tp: the whole model stays on the host until it is split (engine.tp).
+        self.loaded = place_model(loaded, self.config.device if self.config.tp == 1 else "cpu")
         invariant_backend = None
         if self.config.deterministic:
             self.loaded, invariant_backend = deterministic_setup(self.loaded, self.config.device)
+        # This process becomes rank 0 and keeps its shard; the followers start here.
+        self.tp = TensorParallel(self.loaded, self.config) if self.config.tp != 1 else None
+        if self.tp is not None:
+            self.loaded = place_model(self.tp.loaded, str(self.tp.device))
         self.clock = clock
         model = self.loaded.model
         self.context_len = context_len(model.config.max_position_embeddings,
@@ -71,9 +77,12 @@ class Engine:
                                    tiers=self.tiers.all, swa=self.swa)
         backend = invariant_backend or backend_for(self.config.attention_backend,
                                                    model.attention_specs)
-        self.runner = ModelRunner(model, self.kv_pool, backend, make_static_decode(
-            model, self.kv_pool, backend.name, self.config.max_running, self.config.cuda_graphs))
+        self.runner = self.tp.runner(self.kv_pool, backend) if self.tp is not None else (
+            ModelRunner(model, self.kv_pool, backend, make_static_decode(
+                model, self.kv_pool, backend.name, self.config.max_running,
+                self.config.cuda_graphs)))
         self.num_finished = 0
+        self.queue = QueueEstimator()  # measured rates behind the load shedder's estimates
         self.worker_id = uuid.uuid4().hex[:12]  # a restarted worker holds no KV: a new id
         self.speculator: Speculator | None = make_speculator(
             self.config.spec, self.config.max_draft_len, self.loaded, self.config.draft_backoff,
@@ -93,10 +102,26 @@ class Engine:
         """Queue a request. Returns `[Failed]` at once if it cannot run, else `[]`."""
         arrival_s = self.clock()  # the engine's time starts here, request setup included
         try:
-            self.scheduler.add(self._make_request(extend, arrival_s))
+            req = self._make_request(extend, arrival_s)
         except EngineError as exc:
             return [Failed(extend.request_id, exc.error_type, str(exc))]
+        req.queued_cached_len = self.cache.cached_prefix_len(req.namespace, req.prompt_ids)
+        self.queue.arrived(extend.bind_turn_id, arrival_s)
+        self.scheduler.add(req)
         return []
+
+    def queue_wait_s(self, num_new_tokens: int, *, reserve_for: str = "",
+                     max_wait_s: float = 0.0) -> float:
+        """Estimated seconds before a request with `num_new_tokens` uncached prompt tokens,
+        submitted now, gets its first token (`engine.scheduler.queue_estimate`). Within a
+        `max_wait_s` > 0, its tokens stay reserved until a request binding `reserve_for`
+        arrives."""
+        s, now = self.scheduler, self.clock()
+        self.queue.arrived(None, now)
+        wait = self.queue.wait_s(s.waiting, s.running, s.max_running, num_new_tokens)
+        if max_wait_s > 0:
+            self.queue.admit(reserve_for, num_new_tokens, wait, max_wait_s, now)
+        return wait
 
     def abort(self, request_id: str) -> list[Message]:
         req = self.scheduler.find(request_id)
@@ -126,9 +151,12 @@ class Engine:
         """Run one scheduled batch. Returns the token chunks and final messages it produced."""
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self.context_len)
+        started_s = self.clock()
         items = self.scheduler.schedule()
         if not items:
             return []
+        num_prefill = sum(prefill_rows(item.request, item.start, item.num_tokens - item.num_draft)
+                          for item in items)
         if self.speculator is not None and self.speculator.capture_layers:
             logits, aux = self.runner.run_captured(items, self.speculator.capture_layers)
             if aux is not None:
@@ -154,6 +182,7 @@ class Engine:
             now = self.clock()
             for verified in verified_rows:
                 out.extend(self._accept_verified(verified, now))
+        self.queue.record_step(num_prefill, self.clock() - started_s)
         # Positions advanced: sliding-window pages that left every window go back.
         self.scheduler.trim_windows()
         if self.config.check_invariants:
@@ -185,6 +214,11 @@ class Engine:
     def stats(self, request_id: str = "") -> Stats:
         return engine_stats(self, request_id)
 
+    def close(self) -> None:
+        """Stop the tensor-parallel followers, if any; the engine cannot step after."""
+        if self.tp is not None:
+            self.tp.close()
+
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
         if self.speculator is not None:
@@ -193,35 +227,10 @@ class Engine:
     # ----- internals -----
 
     def _make_request(self, extend: Extend, arrival_s: float) -> Request:
-        tok = self.loaded.tokenizer
-        cfg = self.loaded.model.config
-        prompt = list(extend.token_ids)
-        if extend.parent_ref is not None:
-            ref = self.cache.lookup_turn(extend.parent_ref)
-            if ref is None or ref.namespace != extend.namespace:
-                raise UnknownParent(f"turn '{extend.parent_ref}' is not cached on this engine")
-            prompt = list(ref.token_ids) + prompt
-        if not prompt:
-            raise InvalidRequest("the request has no tokens")
-        ids = prompt + list(extend.resume_output_ids)
-        if min(ids) < 0 or max(ids) >= cfg.vocab_size:
-            raise InvalidRequest(f"token ids must be in [0, {cfg.vocab_size})")
-        sampling = clamp_max_tokens(extend.sampling, len(prompt), self.context_len,
-                                    self.kv_pool.layout.num_tokens)
-        stop_ids = set(extend.sampling.stop_token_ids)
-        if not extend.sampling.ignore_eos:
-            stop_ids.update(tok.stop_token_ids)
-        grammar = None
-        if extend.constraint is not None:
-            grammar = self._grammar_for(extend.constraint, stop_ids)
-        req = Request(
-            request_id=extend.request_id, namespace=extend.namespace, prompt_ids=prompt,
-            params=sampling, stop_ids=frozenset(stop_ids),
-            stopper=TextStopper(tok.stream_decoder(), sampling.stop),
-            generator=make_generator(sampling), arrival_s=arrival_s,
-            bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar)
-        replay_output(req, extend.resume_output_ids)
-        return req
+        return make_request(extend, arrival_s, cache=self.cache, loaded=self.loaded,
+                            context_len=self.context_len,
+                            pool_tokens=self.kv_pool.layout.num_tokens,
+                            grammar_for=self._grammar_for)
 
     def _grammar_for(self, constraint: ToolConstraint, stop_ids: set[int]) -> XGrammarState:
         """Raises `InvalidRequest` without stop ids (the grammar needs an end) and
@@ -304,6 +313,7 @@ class Engine:
 
     def _finished(self, req: Request, drafter_done: bool = False) -> Finished:
         self.num_finished += 1
+        self.queue.record_finish(self.clock())
         if self.speculator is not None and not drafter_done:
             self.speculator.finish(req)
         return finished_of(req, self.clock(), self.worker_id)

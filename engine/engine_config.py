@@ -42,6 +42,9 @@ class EngineConfig:
     # Every forward on the decode path (engine.deterministic): a token's logits do not depend
     # on the cache, the chunking, the batch or drafting. Slower prefill.
     deterministic: bool = False
+    # Tensor parallelism: ranks that each hold 1/tp of the heads, KV heads, MLP units and
+    # experts (engine.tp); rank 0 is this process and runs the scheduler and sampling.
+    tp: int = 1
 
 
 def swa_memory_applies(config: EngineConfig, model: Model) -> bool:

@@ -56,6 +56,11 @@ class EngineShutdown(EngineError):
     error_type = "engine_shutdown"
 
 
+class InvalidParallelism(InvalidRequest):
+    """A tensor-parallel size (`--tp`) the model or the engine's other options cannot be split
+    by; raised at start, before any rank is spawned."""
+
+
 class InvalidToolSchema(InvalidRequest):
     """A tool's arguments schema is not a JSON object schema the grammar backend can compile."""
 

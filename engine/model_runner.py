@@ -8,6 +8,7 @@ host, where each backend pads them into one device tensor per step. Decode batch
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +35,22 @@ class LayerGroups:
     def __call__(self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         return (self.sliding if spec.window is not None else self.full)(spec, q, k, v)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One forward's inputs, built from scheduled items (`ModelRunner.build_step`): what
+    `forward_step` runs, and what rank 0 broadcasts to tensor-parallel followers (engine.tp).
+    `sliding`: the batch in the sliding-window page group (pools with one, else None);
+    `layers`: the layers whose residual streams are captured; `decode_path`: as in
+    `Model.forward_captured`."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    batch: PagedBatch
+    sliding: PagedBatch | None = None
+    layers: tuple[int, ...] = ()
+    decode_path: bool | None = None
 
 
 class ModelRunner:
@@ -117,8 +134,13 @@ class ModelRunner:
         def slot(p: int) -> int:
             return pages[p // ps] * ps + p % ps
 
-        src = torch.tensor([slot(a) for a, _ in moves], dtype=torch.long, device=self.device)
-        dst = torch.tensor([slot(b) for _, b in moves], dtype=torch.long, device=self.device)
+        self.copy_rows([slot(a) for a, _ in moves], [slot(b) for _, b in moves])
+
+    def copy_rows(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
+        """Copy, in every layer, the KV at pool slot src_slots[i] to dst_slots[i] (full page
+        group; no destination is a later source). Mutates the pool."""
+        src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dst_slots, dtype=torch.long, device=self.device)
         for layer in range(len(self.pool.k)):
             for flat in (self.pool.flat_k(layer), self.pool.flat_v(layer)):
                 flat.index_copy_(0, dst, flat.index_select(0, src))
@@ -177,17 +199,7 @@ class ModelRunner:
     def _forward(self, items: Sequence[ScheduledItem], layers: Sequence[int],
                  decode_path: bool | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over `items`: the sampled rows' logits (item order) and the captures."""
-        input_ids, positions, batch = self.build_batch(items)
-        aux = None
-        if not layers and self.static_decode is not None and self.static_decode.accepts(batch):
-            hidden = self.static_decode.forward(input_ids, positions, batch)
-        else:
-            attention: AttentionFn = self.backend(self.pool, batch)
-            if self.has_swa:
-                attention = LayerGroups(attention, self.backend(
-                    self.pool, self.sliding_batch(items, batch)))
-            hidden, aux = self.model.forward_captured(input_ids, positions, attention, layers,
-                                                      decode_path)
+        hidden, aux = self.forward_step(self.build_step(items, layers, decode_path))
         rows: list[int] = []
         offset = 0
         for item in items:
@@ -200,3 +212,22 @@ class ModelRunner:
         # rows' fp32 logits come back to the host once per step (a no-op on the CPU).
         sampled = hidden[torch.tensor(rows, device=hidden.device)]
         return self.model.logits(sampled, decode_path).cpu(), aux
+
+    def build_step(self, items: Sequence[ScheduledItem], layers: Sequence[int] = (),
+                   decode_path: bool | None = None) -> StepInputs:
+        """The inputs of one forward over `items` (reads the requests, mutates nothing)."""
+        input_ids, positions, batch = self.build_batch(items)
+        sliding = self.sliding_batch(items, batch) if self.has_swa else None
+        return StepInputs(input_ids, positions, batch, sliding, tuple(layers), decode_path)
+
+    def forward_step(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the model on `step`, storing its KV in the pool: final-normed hidden states
+        (N, hidden) and the captured residual streams (None without `step.layers`)."""
+        if (not step.layers and self.static_decode is not None
+                and self.static_decode.accepts(step.batch)):
+            return self.static_decode.forward(step.input_ids, step.positions, step.batch), None
+        attention: AttentionFn = self.backend(self.pool, step.batch)
+        if step.sliding is not None:
+            attention = LayerGroups(attention, self.backend(self.pool, step.sliding))
+        return self.model.forward_captured(step.input_ids, step.positions, attention,
+                                           step.layers, step.decode_path)

@@ -33,6 +33,10 @@ class Extend:
     # token_ids as output (counted in max_tokens, fed to stop strings and the grammar) and is
     # not sent again; Finished.output_token_ids and .text include it.
     resume_output_ids: list[int] = field(default_factory=list)
+    # With parent_ref None: the first tokens of token_ids that are the operator's declared public
+    # prefix (the gateway checked them). Its whole pages are shared across namespaces
+    # (`engine.scheduler.shared_prefix`); everything after stays in `namespace`.
+    shared_prefix_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,13 @@ class PrefixProbe:
     request_id: str
     namespace: str
     token_ids: list[int]
+    # The prompt tokens a turn would compute here when the gateway knows it (its parent's KV
+    # is bound on this worker: the delta); -1: those of `token_ids` that are not cached.
+    num_new_tokens: int = -1
+    # Load shedding: the caller's bound on the wait; a turn estimated within it has its tokens
+    # reserved until a request binding `reserve_for` arrives (0: nothing reserved).
+    max_wait_s: float = 0.0
+    reserve_for: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,7 @@ class PrefixMatch:
     num_running: int
     num_waiting: int
     worker_id: str
+    queue_wait_s: float = 0.0  # estimated wait for the probed turn's first token (shedding)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,59 @@
-"""What a request is held to from admission to result: its output fits the room left in the
-context and the KV pool, an earlier attempt's output replays as if just sampled, and its result
-carries its timings."""
+"""What a request is held to from admission to result: its tokens are valid and its parent is
+cached here, its output fits the room left in the context and the KV pool, an earlier attempt's
+output replays as if just sampled, and its result carries its timings."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
+from engine.cache.base import PUBLIC_NAMESPACE, PrefixCache
+from engine.constrained.base import TokenGrammar
+from engine.constrained.spec import ToolConstraint
 from engine.core import Request
-from engine.errors import InvalidRequest, RequestTooLong
-from engine.protocol import Finished, Timings
+from engine.errors import InvalidRequest, RequestTooLong, UnknownParent
+from engine.models.loader import LoadedModel
+from engine.protocol import Extend, Finished, Timings
+from engine.sampling import make_generator
 from engine.sampling_params import SamplingParams
+from engine.stopping import TextStopper
+
+
+def make_request(extend: Extend, arrival_s: float, *, cache: PrefixCache, loaded: LoadedModel,
+                 context_len: int, pool_tokens: int,
+                 grammar_for: Callable[[ToolConstraint, set[int]], TokenGrammar]) -> Request:
+    """The engine request of `extend` (its parent's cached tokens, then its own). Raises
+    InvalidRequest (bad tokens, the public namespace, no tokens), UnknownParent (the parent is
+    not cached here, or in another namespace), RequestTooLong and the grammar's errors."""
+    tok = loaded.tokenizer
+    cfg = loaded.model.config
+    prompt = list(extend.token_ids)
+    if extend.namespace == PUBLIC_NAMESPACE:
+        raise InvalidRequest("the public cache namespace is not a request's namespace")
+    if extend.parent_ref is not None:
+        ref = cache.lookup_turn(extend.parent_ref)
+        if ref is None or ref.namespace != extend.namespace:
+            raise UnknownParent(f"turn '{extend.parent_ref}' is not cached on this engine")
+        prompt = list(ref.token_ids) + prompt
+    if not prompt:
+        raise InvalidRequest("the request has no tokens")
+    ids = prompt + list(extend.resume_output_ids)
+    if min(ids) < 0 or max(ids) >= cfg.vocab_size:
+        raise InvalidRequest(f"token ids must be in [0, {cfg.vocab_size})")
+    sampling = clamp_max_tokens(extend.sampling, len(prompt), context_len, pool_tokens)
+    stop_ids = set(extend.sampling.stop_token_ids)
+    if not extend.sampling.ignore_eos:
+        stop_ids.update(tok.stop_token_ids)
+    grammar = grammar_for(extend.constraint, stop_ids) if extend.constraint is not None else None
+    req = Request(
+        request_id=extend.request_id, namespace=extend.namespace, prompt_ids=prompt,
+        params=sampling, stop_ids=frozenset(stop_ids),
+        stopper=TextStopper(tok.stream_decoder(), sampling.stop),
+        generator=make_generator(sampling), arrival_s=arrival_s,
+        bind_turn_id=extend.bind_turn_id, session_id=extend.session_id, grammar=grammar,
+        shared_len=extend.shared_prefix_len if extend.parent_ref is None else 0)
+    replay_output(req, extend.resume_output_ids)
+    return req
 
 
 def context_len(model_len: int, max_context: int | None) -> int:

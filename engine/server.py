@@ -51,8 +51,12 @@ def serve_engine_socket(engine: Engine, host: str, port: int, stop: threading.Ev
         assert isinstance(origin, bytes)
         socket.send_multipart([origin, encode(message)])
 
+    def should_stop() -> bool:
+        # A tensor-parallel worker whose ranks failed cannot serve: it exits, to be restarted.
+        return stop.is_set() or (engine.tp is not None and engine.tp.has_failed)
+
     try:
-        run_engine_loop(engine, receive, send, stop.is_set, hooks)
+        run_engine_loop(engine, receive, send, should_stop, hooks)
     finally:
         socket.close()
         context.term()

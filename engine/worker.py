@@ -134,9 +134,14 @@ def _handle(engine: Engine, origins: dict[str, Origin], origin: Origin,
         return [(origin, engine.stats(message.request_id))]
     elif isinstance(message, PrefixProbe):
         cached_len = engine.cache.cached_prefix_len(message.namespace, message.token_ids)
+        num_new = (message.num_new_tokens if message.num_new_tokens >= 0
+                   else len(message.token_ids) - cached_len)
         s = engine.scheduler
         return [(origin, PrefixMatch(message.request_id, cached_len, len(s.running),
-                                     len(s.waiting), engine.worker_id))]
+                                     len(s.waiting), engine.worker_id,
+                                     engine.queue_wait_s(
+                                         num_new, reserve_for=message.reserve_for,
+                                         max_wait_s=message.max_wait_s)))]
     return []
 
 

@@ -13,12 +13,12 @@ from typing import TypedDict
 
 from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
-from redis.asyncio import Redis
 
 from engine.client import EngineClient
 from engine.models.locate import resolve_model_path
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyStore
+from gateway.cache_scope import shared_prefix_of
 from gateway.compat import (
     anthropic_routes,
     conversations_routes,
@@ -35,6 +35,7 @@ from gateway.engine_pool import EnginePool
 from gateway.errors import ConfigError, install_error_handlers
 from gateway.idempotency import IdempotencyStore
 from gateway.limits import RequestLimits
+from gateway.rate_limits import RateLimiter
 from gateway.rendering import TurnRenderer
 from gateway.routes import health, metrics, sessions
 from gateway.settings import GatewaySettings
@@ -44,11 +45,13 @@ from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
 from observability import ServerSpanMiddleware, build_tracer_provider
 from sessions import SessionStore
+from sessions.durability import default_durability
+from sessions.redis_client import StoreClient, open_client
 
 
 class State(TypedDict):
     settings: GatewaySettings
-    redis: Redis
+    redis: StoreClient
     store: SessionStore
     keys: KeyStore
     idempotency: IdempotencyStore
@@ -59,6 +62,7 @@ class State(TypedDict):
     store_supervisor: StoreSupervisor | None  # the embedded Valkey's, when `serve` owns one
     streams: SharedStreams  # running streams a retry with their Idempotency-Key can join
     services: Services  # the turn route's collaborators in one object
+    limiter: RateLimiter  # per-tenant and per-key limits (`gateway.rate_limits`)
     response_store: ResponseStore  # stored Responses API responses
     response_runs: ResponseRuns  # responses running on this gateway (cancel, background)
     conversation_store: ConversationStore  # the Conversations API's logs
@@ -67,13 +71,14 @@ class State(TypedDict):
 
 def create_app(settings: GatewaySettings | None = None, *,
                engine_client: EngineClient | EngineLink | EnginePool | None = None,
-               redis: Redis | None = None, tokenizer: Tokenizer | None = None,
+               redis: StoreClient | None = None, tokenizer: Tokenizer | None = None,
                model_name: str | None = None,
                tracer_provider: TracerProvider | None = None,
                store_supervisor: StoreSupervisor | None = None) -> FastAPI:
     """Build the app. Without `engine_client`, the lifespan connects to `settings.engine_url`
     (required then; several workers: comma-separated addresses). Without `redis`, it opens
-    `settings.redis_url` (required then). Without `tokenizer`, it loads the one of
+    `settings.redis_url` (required then; a cluster URL opens a cluster client,
+    `sessions.redis_client`). Without `tokenizer`, it loads the one of
     `settings.model` (the embedded model by default). Without `tracer_provider`, spans go
     where the `OTEL_*` variables say (`observability.tracing`) and the lifespan shuts that
     provider down; a given provider stays the caller's."""
@@ -90,9 +95,15 @@ def create_app(settings: GatewaySettings | None = None, *,
         pool = await _open_engine(settings, engine_client)
         tok = tokenizer or _load_tokenizer(settings)
         served, context_len = await _served_model(pool, tok, settings)
-        store = SessionStore(client, key_prefix=settings.key_prefix)
-        turns = TurnService(store, pool, TurnRenderer(tok), pin_ttl_s=settings.pin_ttl_s,
-                            max_tokens_limit=settings.max_tokens_limit, model_id=served)
+        durability = default_durability(client, settings.store_wait_replicas,
+                                        settings.store_wait_timeout_ms)
+        store = SessionStore(client, key_prefix=settings.key_prefix, durability=durability)
+        renderer = TurnRenderer(tok)
+        turns = TurnService(store, pool, renderer, pin_ttl_s=settings.pin_ttl_s,
+                            max_tokens_limit=settings.max_tokens_limit, model_id=served,
+                            max_queue_wait_s=settings.max_queue_wait_s,
+                            shared_prefix=shared_prefix_of(settings, renderer))
+        limiter = RateLimiter(client, settings.key_prefix)
         name = model_name or settings.model or "smollm2-135m"
         idempotency = IdempotencyStore(client, settings.key_prefix)
         telemetry = Telemetry.create(provider)
@@ -104,7 +115,9 @@ def create_app(settings: GatewaySettings | None = None, *,
                         idempotency=idempotency, engine=pool, turns=turns, model_name=name,
                         telemetry=telemetry, store_supervisor=store_supervisor,
                         streams=SharedStreams(),
-                        services=Services(settings, turns, idempotency, telemetry, name),
+                        services=Services(settings, turns, idempotency, telemetry, name,
+                                          limiter),
+                        limiter=limiter,
                         response_store=ResponseStore(
                             client, key_prefix=settings.key_prefix,
                             retention_s=settings.responses_retention_s),
@@ -137,11 +150,10 @@ def create_app(settings: GatewaySettings | None = None, *,
     return app
 
 
-def _open_redis(settings: GatewaySettings) -> Redis:
+def _open_redis(settings: GatewaySettings) -> StoreClient:
     if settings.redis_url is None:
         raise RuntimeError("RADIXGATE_REDIS_URL is not set (`radixgate serve` starts one)")
-    client: Redis = Redis.from_url(settings.redis_url, decode_responses=False)
-    return client
+    return open_client(settings.redis_url)
 
 
 async def _open_engine(settings: GatewaySettings,

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
-
-from gateway.auth import KeyStore
-from gateway.errors import InvalidRequest
-from gateway.serve import StoreNotFound, embedded_data_dir, find_store_url, serve
+from gateway.keys_command import add_keys_parsers
+from gateway.serve import serve
 from gateway.settings import GatewaySettings
-from sessions.embedded import EmbeddedServerError, EmbeddedValkey
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,7 +24,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     s.add_argument("--api-key", default=None,
                    help="enforce API keys; this one is the local tenant's (RADIXGATE_API_KEY)")
     s.add_argument("--redis-url", default=None,
-                   help="use this Redis/Valkey instead of an embedded one (RADIXGATE_REDIS_URL)")
+                   help="use this Redis/Valkey instead of an embedded one (RADIXGATE_REDIS_URL); "
+                   "a cluster: redis+cluster://HOST:PORT[,HOST:PORT...] (rediss+cluster:// "
+                   "for TLS)")
     s.add_argument("--workers", type=int, default=1, metavar="N",
                    help="engine worker processes to start (default 1); a turn goes to the "
                    "worker holding its parent's KV")
@@ -43,25 +39,38 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     s.add_argument("--decode-workers", type=int, default=None, metavar="D",
                    help="with --prefill-workers: the workers turns are routed to (default: "
                    "--workers)")
+    s.add_argument("--shared-prefix-file", type=Path, default=None, metavar="PATH",
+                   help="a system prompt whose KV every tenant may share (its whole pages; the "
+                   "rest of each prompt stays in the tenant's cache namespace; "
+                   "RADIXGATE_SHARED_PREFIX gives the text itself)")
+    s.add_argument("--max-queue-wait", type=_positive_seconds, default=None, metavar="SECONDS",
+                   dest="max_queue_wait_s",
+                   help="load shedding: a turn the engine would keep from its first token "
+                   "longer than this gets 503 overloaded (Anthropic: 529) with Retry-After "
+                   "instead of queueing (default: no bound; RADIXGATE_MAX_QUEUE_WAIT_S)")
     add_disagg_args(s)
     add_engine_args(s)
     s.set_defaults(func=serve_main)
 
     k = sub.add_parser("keys", help="manage API keys")
     ksub = k.add_subparsers(dest="keys_command", required=True)
-    c = ksub.add_parser("create", help="create a key for a tenant; prints it once")
-    c.add_argument("--tenant", required=True)
-    c.add_argument("--state-dir", type=Path, default=None,
-                   help="the state dir of the server whose store gets the key (default "
-                   "~/.radixgate, as for `serve`)")
-    c.add_argument("--redis-url", default=None,
-                   help="write into this Redis/Valkey instead (a server started with it)")
-    c.set_defaults(func=keys_create_main)
+    add_keys_parsers(ksub)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
 
 
 def _settings(args: argparse.Namespace) -> GatewaySettings:
     overrides: dict[str, Any] = {
-        name: value for name in ("host", "port", "state_dir", "model", "api_key", "redis_url")
+        name: value for name in ("host", "port", "state_dir", "model", "api_key", "redis_url",
+                                 "shared_prefix_file", "max_queue_wait_s")
         if (value := getattr(args, name, None)) is not None}
     if getattr(args, "insecure", False):
         overrides["insecure"] = True
@@ -96,6 +105,8 @@ def _engine_args(args: argparse.Namespace) -> list[str]:
         argv.append("--no-packed-weights")
     if args.deterministic:
         argv.append("--deterministic")
+    if args.tp != 1:  # each worker is its own tensor-parallel group
+        argv += ["--tp", str(args.tp)]
     return argv
 
 
@@ -105,35 +116,3 @@ def serve_main(args: argparse.Namespace) -> int:
                    if args.prefill_workers else [])
     return serve(_settings(args), _engine_args(args), num_workers=num_workers,
                  remote=args.engine, num_prefill=args.prefill_workers, decode_args=decode_args)
-
-
-def keys_create_main(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    try:
-        key, where = asyncio.run(_create_key(settings, args.tenant))
-    except (InvalidRequest, StoreNotFound, EmbeddedServerError) as exc:
-        print(f"radixgate keys: error: {exc}", file=sys.stderr)
-        return 2
-    print(key)
-    print(f"radixgate keys: created a key for tenant {args.tenant!r} in {where}; it is not "
-          "shown again", file=sys.stderr)
-    return 0
-
-
-async def _create_key(settings: GatewaySettings, tenant: str) -> tuple[str, str]:
-    """(the new key, a description of the store it went to)."""
-    url = await find_store_url(settings)
-    valkey: EmbeddedValkey | None = None
-    if url is not None:
-        where = f"the store of the running server ({url})"
-    else:  # no server runs on this state dir: write into its embedded store's AOF directly
-        valkey = EmbeddedValkey(embedded_data_dir(settings), appendfsync="always").start()
-        url = valkey.url
-        where = f"the embedded store under {valkey.data_dir} (no server is running)"
-    redis = Redis.from_url(url)
-    try:
-        return await KeyStore(redis, settings.auth_key_prefix).create(tenant), where
-    finally:
-        await redis.aclose()
-        if valkey is not None:
-            valkey.stop()

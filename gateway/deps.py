@@ -13,10 +13,11 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from gateway.auth import KeyStore, parse_credentials
+from gateway.auth import KeyStore, Principal, parse_credentials
 from gateway.engine_pool import EnginePool
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.idempotency import IdempotencyStore
+from gateway.rate_limits import RateLimiter
 from gateway.settings import GatewaySettings
 from gateway.telemetry import Telemetry
 from gateway.turns import TurnService
@@ -53,12 +54,13 @@ async def get_idempotency(request: Request) -> IdempotencyStore:
     return idem
 
 
-async def get_tenant(
+async def get_principal(
     request: Request,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
-) -> str:
-    """The caller's tenant (401 `authentication_error` without a valid key where one is needed)."""
+) -> Principal:
+    """The caller's tenant and stored key (401 `authentication_error` without a valid key
+    where one is needed)."""
     keys: KeyStore = request.state.keys
     settings: GatewaySettings = request.state.settings
     policy = settings.access_policy
@@ -68,7 +70,12 @@ async def get_tenant(
         if policy.api_key is not None or not policy.allow_open:
             raise
         key = None  # open access takes any credentials; a key store may still reject them
-    return await keys.tenant_of(key, policy)
+    return await keys.principal_of(key, policy)
+
+
+async def get_tenant(principal: Annotated[Principal, Depends(get_principal)]) -> str:
+    """The caller's tenant (`get_principal`)."""
+    return principal.tenant
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class Services:
     idempotency: IdempotencyStore
     telemetry: Telemetry
     model_name: str
+    limiter: RateLimiter
 
 
 async def get_services(request: Request) -> Services:
@@ -107,6 +115,7 @@ TurnServiceDep = Annotated[TurnService, Depends(get_turns)]
 IdempotencyDep = Annotated[IdempotencyStore, Depends(get_idempotency)]
 TelemetryDep = Annotated[Telemetry, Depends(get_telemetry)]
 TenantDep = Annotated[str, Depends(get_tenant)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
 ServicesDep = Annotated[Services, Depends(get_services)]
 ExpectedVersionDep = Annotated[int | None, Depends(get_expected_version)]
 IdempotencyKeyDep = Annotated[str | None, Header(alias="Idempotency-Key")]

@@ -42,6 +42,8 @@ CATALOG: Final[Mapping[str, ErrorKind]] = {
     "store_unavailable": ErrorKind(503, retryable=True, retry_after_s=1),
     "turn_interrupted": ErrorKind(503, retryable=True, retry_after_s=1),
     "api_error": ErrorKind(500, retryable=True),
+    "rate_limit_error": ErrorKind(429, retryable=True),  # Retry-After from the limit's window
+    "overloaded": ErrorKind(503, retryable=True, retry_after_s=1),  # load shed (Anthropic: 529)
     # the session store's
     "session_not_found": _NOT_FOUND,
     "turn_not_found": _NOT_FOUND,

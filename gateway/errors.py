@@ -12,13 +12,14 @@ the native API answers 422 for a malformed body.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import EngineError
@@ -26,6 +27,7 @@ from engine.errors import InvalidRequest as InvalidRequest  # one definition eac
 from engine.errors import InvalidToolSchema as InvalidToolSchema
 from gateway.error_catalog import kind_of, retry_headers
 from sessions import errors as se
+from sessions import redis_client
 
 
 class ConfigError(RuntimeError):
@@ -44,6 +46,10 @@ class ApiError(Exception):
         self.param = param
         if error_type is not None:
             self.error_type = error_type
+
+    def wire_headers(self, dialect: Dialect) -> dict[str, str]:
+        """Headers this error adds to its HTTP answer in `dialect` (over the catalog's)."""
+        return {}
 
 
 class AuthenticationError(ApiError):
@@ -76,24 +82,31 @@ class StoreUnavailable(ApiError):
     error_type = "store_unavailable"
 
 
+class Overloaded(ApiError):
+    """The engine's queue would hold a new turn longer than `--max-queue-wait` (load shed:
+    503, Anthropic's 529), with a `Retry-After` of the estimated excess."""
+
+    error_type = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def wire_headers(self, dialect: Dialect) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
 class EngineFailure(ApiError):
     """The engine answered `Failed`; `error_type` is the engine's (e.g. request_too_long)."""
 
     error_type = "engine_error"
 
 
-# Replies of a server that is up but cannot serve yet (loading its AOF, out of memory, ...).
-_STORE_BUSY = ("LOADING", "BUSY", "MISCONF", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN")
-
-
 def is_store_outage(exc: BaseException) -> bool:
     """True for a Redis error that means the store is down or not ready (a connection error,
-    a timeout, LOADING...), as opposed to a bug in a command."""
-    if not isinstance(exc, RedisError):
-        return False
-    if isinstance(exc, ResponseError):
-        return str(exc).startswith(_STORE_BUSY)
-    return True
+    a timeout, LOADING, a cluster failing over...), as opposed to a bug in a command
+    (`sessions.redis_client.is_store_outage`)."""
+    return redis_client.is_store_outage(exc)
 
 
 def status_for(exc: Exception) -> tuple[int, str]:
@@ -129,6 +142,7 @@ _ANTHROPIC_TYPES: Mapping[int, str] = {
 _OPENAI_TYPES: Mapping[int, str] = {
     401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 _OPENAI_CODES: Mapping[str, str] = {"request_too_long": "context_length_exceeded",
+                                    "rate_limit_error": "rate_limit_exceeded",
                                     "unknown_model": "model_not_found"}
 
 
@@ -185,13 +199,19 @@ def request_id_of(request: Request) -> str | None:
 
 
 def _respond(request: Request, status: int, error_type: str, message: str,
-             extra: Mapping[str, Any] | None = None, param: str | None = None) -> JSONResponse:
+             extra: Mapping[str, Any] | None = None, param: str | None = None,
+             exc: Exception | None = None) -> JSONResponse:
     dialect = dialect_of(request.url.path, request.headers)
     status, body = wire_error(dialect, status, error_type, message, request_id_of(request),
                               param)
     if extra and dialect == "native":
         body["error"].update(extra)
     headers = retry_headers(error_type, status)
+    if isinstance(exc, ApiError):
+        own = exc.wire_headers(dialect)
+        if any(name.lower() == "retry-after" for name in own):
+            headers.pop("Retry-After", None)
+        headers.update(own)
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status, headers=headers)
@@ -205,7 +225,7 @@ async def _on_known(request: Request, exc: Exception) -> JSONResponse:
     elif isinstance(exc, se.VersionConflict):
         extra = {"version": exc.current}
     return _respond(request, status, error_type, error_message(exc, error_type), extra,
-                    param_of(exc))
+                    param_of(exc), exc)
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:

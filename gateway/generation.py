@@ -23,6 +23,7 @@ from engine.client import ReplyStream
 from engine.constrained.spec import ToolConstraint
 from engine.protocol import Extend, Failed, Finished, TokenChunk
 from engine.sampling_params import SamplingParams
+from gateway.cache_scope import SharedPrefix
 from gateway.engine_link import EngineLink
 from gateway.engine_pool import EnginePool
 from gateway.errors import ApiError, EngineFailure
@@ -95,6 +96,7 @@ class GenerationSpec:
     session_id: str
     constraint: ToolConstraint | None
     full_path: Callable[[], Awaitable[list[int]]]
+    shared: SharedPrefix = SharedPrefix()  # the operator's public prefix (gateway.cache_scope)
 
 
 async def first_extend(spec: GenerationSpec, progress: Progress) -> Extend:
@@ -107,9 +109,12 @@ async def first_extend(spec: GenerationSpec, progress: Progress) -> Extend:
 
 def _extend(spec: GenerationSpec, ref: str | None, token_ids: list[int],
             progress: Progress) -> Extend:
+    # Only a full path is checked against the public prefix: a delta's start is not the path's.
+    shared_len = spec.shared.shared_len(token_ids) if ref is None else 0
     return Extend(uuid.uuid4().hex, spec.namespace, ref, token_ids, spec.params,
                   bind_turn_id=spec.bind_ref, session_id=spec.session_id,
-                  constraint=spec.constraint, resume_output_ids=list(progress.output_ids))
+                  constraint=spec.constraint, resume_output_ids=list(progress.output_ids),
+                  shared_prefix_len=shared_len)
 
 
 async def generate(pool: EnginePool, spec: GenerationSpec, parser: ToolCallParser | None, *,
@@ -161,6 +166,17 @@ async def generate(pool: EnginePool, spec: GenerationSpec, parser: ToolCallParse
             raise EngineFailure(failure.message, error_type=failure.error_type)
         extend = _extend(spec, None, await spec.full_path(), progress)
         replies = await link.start(extend)
+
+
+def read_once(read: Callable[[], Awaitable[list[int]]]) -> Callable[[], Awaitable[list[int]]]:
+    """`read`, called at most once (the ledger's path does not change under a turn)."""
+    memo: list[list[int]] = []
+
+    async def once() -> list[int]:
+        if not memo:
+            memo.append(await read())
+        return memo[0]
+    return once
 
 
 def _parse(parser: ToolCallParser | None, text: str) -> list[ParseEvent]:

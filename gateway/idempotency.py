@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gateway.errors import InFlight, InvalidRequest
 from gateway.store_retry import through_store_outage
 from sessions.errors import IdempotencyConflict
+from sessions.redis_client import StoreClient
 
 IDEMPOTENCY_TTL_S = 24 * 3600
 # A running request's claim lapses after this, so a gateway that died mid-request does not hold
@@ -74,7 +74,7 @@ class Replay:
 
 
 class IdempotencyStore:
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: StoreClient, prefix: str) -> None:
         self.redis = redis
         self.prefix = f"{prefix}gw:idem:"
         self._claim: AsyncScript = redis.register_script(_CLAIM)

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 
 import uvicorn
 from opentelemetry.trace import TracerProvider
-from redis.asyncio import Redis
 
 from engine.client import EngineClient
 from engine.engine import Engine, EngineConfig
@@ -20,6 +19,7 @@ from engine.tokenizer import Tokenizer
 from gateway import event_loop
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from sessions.redis_client import open_client
 
 
 @contextmanager
@@ -53,7 +53,7 @@ def serve_local(loaded: LoadedModel | None, settings: GatewaySettings, *, model_
             assert loaded is not None
             engine_client = EngineClient.in_process(
                 Engine(loaded, EngineConfig(kv_memory_bytes=kv_memory_bytes)))
-        client = Redis.from_url(redis_url)
+        client = open_client(redis_url)
         app = create_app(settings, engine_client=engine_client, redis=client,
                          tokenizer=tok, model_name=model_name,
                          tracer_provider=tracer_provider)

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gateway.cache_scope import CacheSalt
+
 MessageRole = Literal["user", "tool", "system", "assistant"]
 
 
@@ -126,6 +128,9 @@ class AppendTurnRequest(_Strict):
     parent_turn_id: str | None = None
     messages: list[Message] = Field(min_length=1)
     generate: GenerateOptions = Field(default_factory=GenerateOptions)
+    # Splits the tenant's prefix-cache namespace (`gateway.cache_scope`): turns with another
+    # salt (or none) never reuse this turn's cached KV.
+    cache_salt: CacheSalt = None
 
 
 class Usage(BaseModel):

@@ -23,7 +23,7 @@ from typing import Any
 
 import uvicorn
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from gateway import event_loop
 from gateway.app import create_app
@@ -34,6 +34,7 @@ from gateway.settings import GatewaySettings
 from gateway.store_supervisor import StoreSupervisor
 from gateway.worker import EngineSupervisor
 from sessions.embedded import EmbeddedServerError, EmbeddedValkey
+from sessions.redis_client import StoreClient, StoreUrlError, is_cluster_url, open_client, ping
 
 
 class ServeError(RuntimeError):
@@ -67,8 +68,9 @@ async def find_store_url(settings: GatewaySettings) -> str | None:
     this state dir), else None when no server runs there but its embedded store exists on disk.
     Raises StoreNotFound when a given URL does not answer or there is no store at all."""
     if settings.redis_url is not None:
-        if await _data_dir_of(settings.redis_url) is None:
-            raise StoreNotFound(f"the store at {settings.redis_url} does not answer")
+        problem = await store_problem(settings.redis_url)
+        if problem is not None:
+            raise StoreNotFound(f"the store at {settings.redis_url} does not answer: {problem}")
         return settings.redis_url
     data_dir = embedded_data_dir(settings)
     url = read_pids(settings).get("valkey_url")
@@ -80,6 +82,24 @@ async def find_store_url(settings: GatewaySettings) -> str | None:
         raise StoreNotFound(
             f"no radixgate store under {settings.state_dir}: start `radixgate serve "
             f"--state-dir {settings.state_dir}` once (it creates one), or pass --redis-url")
+    return None
+
+
+async def store_problem(url: str) -> str | None:
+    """Why the store at `url` (one server or a cluster) cannot be used, or None when it answers
+    (a cluster: its slot map is known and a node answered PING). Short timeouts: for a start-up
+    check, not for serving."""
+    try:
+        client = open_client(url, socket_connect_timeout=2, socket_timeout=5)
+    except StoreUrlError as exc:
+        return str(exc)
+    try:
+        await ping(client)
+    except (RedisError, RedisClusterException, OSError) as exc:
+        kind = "cluster" if is_cluster_url(url) else "server"
+        return f"no {kind} node answered ({type(exc).__name__}: {exc})"
+    finally:
+        await client.aclose()
     return None
 
 
@@ -130,7 +150,7 @@ def stop_leftovers(settings: GatewaySettings) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-async def _access_banner(settings: GatewaySettings, redis: Redis) -> str:
+async def _access_banner(settings: GatewaySettings, redis: StoreClient) -> str:
     """What `serve` says about access at start. Raises ServeError for a non-loopback host with
     no key at all (unless --insecure)."""
     policy = settings.access_policy
@@ -168,7 +188,12 @@ async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers:
               f"under {valkey.data_dir}; restarted if it dies)", file=sys.stderr, flush=True)
         settings = settings.model_copy(update={"redis_url": valkey.url})
     assert settings.redis_url is not None
-    redis = Redis.from_url(settings.redis_url)
+    if store is None:  # a store given by URL: fail at start, not on the first request
+        problem = await store_problem(settings.redis_url)
+        if problem is not None:
+            raise ServeError(f"the store at --redis-url {settings.redis_url} cannot be used: "
+                             f"{problem}")
+    redis = open_client(settings.redis_url)
     engine_pids: list[int | None] = [None] * (num_workers + num_prefill)
 
     def on_spawn(index: int, pid: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, FilePath
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.auth import AccessPolicy
@@ -22,6 +22,10 @@ class GatewaySettings(BaseSettings):
     )
 
     redis_url: str | None = None  # None: `serve` starts an embedded Valkey under state_dir
+    # Replicas that must hold a session mutation before it is acknowledged (`WAIT`,
+    # `sessions.durability`); None: 1 on a cluster (redis+cluster://...), 0 on one server.
+    store_wait_replicas: int | None = Field(default=None, ge=0)
+    store_wait_timeout_ms: int = Field(default=1000, gt=0)
     engine_url: str | None = None  # None: `serve` spawns one engine worker
     model: str | None = None  # a .gguf file or HF folder; None: the embedded SmolLM2-135M
     state_dir: Path = Path.home() / ".radixgate"
@@ -36,6 +40,9 @@ class GatewaySettings(BaseSettings):
     # A key given at start (`serve --api-key`): keys are enforced even when none is stored, and
     # this one is the local tenant's.
     api_key: str | None = Field(default=None, min_length=1)
+    # Load shedding: a turn the engine's queue would keep from its first token longer than
+    # this gets 503 `overloaded` (Anthropic: 529) at once; None: turns queue without a bound.
+    max_queue_wait_s: float | None = Field(default=None, gt=0)
     engine_timeout_s: float = Field(default=600.0, gt=0)  # longest wait for one engine message
     # How long a turn waits for a restarted engine worker before it fails with a 503.
     engine_restart_timeout_s: float = Field(default=300.0, gt=0)
@@ -45,6 +52,11 @@ class GatewaySettings(BaseSettings):
     # Compatible routes (/v1/chat/completions, /v1/messages): requested model name -> served model
     # ("" = the one served). A key ending in "*" matches by prefix, the longest one winning; exact
     # keys are also listed by GET /v1/models. E.g. RADIXGATE_MODEL_ALIASES='{"claude-*": ""}'.
+    # Cross-tenant prefix-cache sharing, opt-in (`gateway.cache_scope`): a system prompt whose
+    # rendered whole pages every tenant may reuse; everything after it stays per tenant. The text
+    # itself, or a file holding it (`serve --shared-prefix-file`).
+    shared_prefix: str | None = Field(default=None, min_length=1)
+    shared_prefix_file: FilePath | None = None  # must exist: checked at start
     model_aliases: dict[str, str] = Field(
         default_factory=lambda: {"claude-*": "", "gpt-*": "", "anthropic-*": ""})
 
@@ -71,6 +83,15 @@ class GatewaySettings(BaseSettings):
                 return None
             target = self.model_aliases[max(prefixes, key=len)]
         return target or served
+
+    def shared_prefix_text(self) -> str | None:
+        """The declared public prefix (`shared_prefix`, else the file's text); None: none.
+        Raises OSError when the file cannot be read."""
+        if self.shared_prefix is not None:
+            return self.shared_prefix
+        if self.shared_prefix_file is None:
+            return None
+        return self.shared_prefix_file.read_text(encoding="utf-8") or None
 
     @property
     def access_policy(self) -> AccessPolicy:

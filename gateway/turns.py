@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol import Finished, Timings
 from engine.sampling_params import SamplingParams
+from gateway.cache_scope import SharedPrefix, cache_namespace
 from gateway.engine_pool import EnginePool
 from gateway.errors import InvalidRequest
 from gateway.generation import (
@@ -39,6 +40,7 @@ from gateway.generation import (
     TurnResume,
     first_extend,
     generate,
+    read_once,
     reply_turn,
 )
 from gateway.leases import LeaseKeeper
@@ -46,6 +48,7 @@ from gateway.output_parser import parser_for
 from gateway.rendering import TurnRenderer
 from gateway.response_format import format_note, normalize_response_format
 from gateway.schemas import AppendTurnRequest, GenerateOptions
+from gateway.shedding import check_queue
 from gateway.store_retry import through_store_outage
 from gateway.tool_prompt import ToolDef
 from gateway.toolcall_parser import TextDelta as TextDelta
@@ -87,13 +90,17 @@ class TurnService:
     """Stateless beyond its collaborators; one per app."""
 
     def __init__(self, store: SessionStore, engine: EnginePool, renderer: TurnRenderer, *,
-                 pin_ttl_s: float, max_tokens_limit: int, model_id: str) -> None:
+                 pin_ttl_s: float, max_tokens_limit: int, model_id: str,
+                 shared_prefix: SharedPrefix | None = None,
+                 max_queue_wait_s: float | None = None) -> None:
         self.store = store
         self.engine = engine
         self.renderer = renderer
         self.pin_ttl_s = pin_ttl_s
         self.max_tokens_limit = max_tokens_limit
-        self.model_id = model_id  # the served model: the engine cache's namespace
+        self.model_id = model_id  # the served model: part of the engine cache's namespace
+        self.shared_prefix = shared_prefix or SharedPrefix()  # gateway.cache_scope
+        self.max_queue_wait_s = max_queue_wait_s  # load shedding's bound (`gateway.shedding`)
         self.toolsets = Toolsets()
         self.leases = LeaseKeeper(store)
 
@@ -114,6 +121,7 @@ class TurnService:
         Raises session errors (HeadMoved, BranchBusy, VersionConflict, ... before any output),
         InvalidRequest, InvalidToolSchema, EngineFailure / EngineUnavailable. Closing the
         iterator aborts the engine request and releases the branch."""
+        began_s = time.monotonic()
         params = self._sampling(request.generate)
         fmt = normalize_response_format(request.generate.response_format,
                                         param="generate.response_format")
@@ -142,14 +150,17 @@ class TurnService:
         parser = parser_for(constraint)
         if parser is not None and progress.text:
             parser.feed(progress.text)  # its events were shown by the interrupted run
-        namespace = f"{tenant}:{self.model_id}"
-        full_path = _once(lambda: self._full_path(session.id, tenant, parent, delta))
+        namespace = cache_namespace(self.model_id, tenant, request.cache_salt)
+        full_path = read_once(lambda: self._full_path(session.id, tenant, parent, delta))
         try:  # sent before the client hears of the turn: the engine starts at once
             route = await self.engine.route(parent.worker, lambda: _with(namespace, full_path()))
             # the parent's KV is where it was generated (or, unrecorded, maybe anywhere)
             ref = ref_of(parent) if parent.worker in (None, route.link.worker_id) else None
+            if self.max_queue_wait_s is not None and not progress.output_ids:
+                await check_queue(route, namespace, len(delta) if ref is not None else None,
+                                  full_path, self.max_queue_wait_s, reply_id, began_s)
             spec = GenerationSpec(namespace, ref, delta, params, reply_id, session.id,
-                                  constraint, full_path)
+                                  constraint, full_path, self.shared_prefix)
             extend = await first_extend(spec, progress)
             replies = await route.link.start(extend)
         except BaseException:
@@ -267,17 +278,6 @@ class TurnService:
 
     async def _release(self, start: TurnStart) -> None:
         await self.leases.release(start)  # never raises; retried when the store is down
-
-
-def _once(read: Callable[[], Awaitable[list[int]]]) -> Callable[[], Awaitable[list[int]]]:
-    """`read`, called at most once (the ledger's path does not change under a turn)."""
-    memo: list[list[int]] = []
-
-    async def once() -> list[int]:
-        if not memo:
-            memo.append(await read())
-        return memo[0]
-    return once
 
 
 async def _with(namespace: str, path: Awaitable[list[int]]) -> tuple[str, list[int]]:

@@ -17,9 +17,18 @@ slot and one Lua script can touch all of it. With the default prefix `rg:`:
     rg:{sid}:idem          ZSET    idempotency record keys scored by expiry ms (delete finds them)
     rg:{sid}:ev            STREAM  events, XADD MAXLEN ~ N
     rg:{sid}:paths         HASH    path hash -> anchor turn id (`sessions.path_index`)
-    rg:t:<tenant>:sessions ZSET    the tenant's session ids scored by created_ms (other slot:
-                                   written after the session script, so it may briefly lag)
-    rg:t:<tenant>:paths    HASH    path hash -> session id (`sessions.path_index`; other slot)
+
+Tenant-wide keys share the tenant's own tag `{tenant:<tenant>}` (one slot per tenant, never a
+session's), so a script may touch all of one tenant's keys on a cluster:
+
+    rg:{tenant:<t>}:sessions ZSET  the tenant's session ids scored by created_ms (written in the
+                                   session script's round trip but not atomically with it, so
+                                   it may briefly lag)
+    rg:{tenant:<t>}:paths    HASH  path hash -> session id (`sessions.path_index`)
+
+Before the tag these were `rg:t:<tenant>:sessions` and `rg:t:<tenant>:paths`; stores written
+then keep their sessions, but their listings and tenant-wide path entries are under the old
+names: RENAME each old key to its new name (on the single server, before moving to a cluster).
 """
 
 from __future__ import annotations
@@ -126,11 +135,17 @@ class SessionKeys:
         return [self.meta, self.branches, self.turns, self.events, self.idem_index]
 
 
+def tenant_base(prefix: str, tenant: str) -> str:
+    """Common beginning of a tenant's tenant-wide keys: `<prefix>{tenant:<tenant>}:`, one
+    cluster slot per tenant (not any session's)."""
+    return f"{prefix}{{tenant:{tenant}}}:"
+
+
 def tenant_index_key(prefix: str, tenant: str) -> str:
-    """ZSET of a tenant's session ids (not in any session's slot)."""
-    return f"{prefix}t:{tenant}:sessions"
+    """ZSET of a tenant's session ids."""
+    return tenant_base(prefix, tenant) + "sessions"
 
 
 def tenant_paths_key(prefix: str, tenant: str) -> str:
-    """HASH of a tenant's path hashes -> session id (not in any session's slot)."""
-    return f"{prefix}t:{tenant}:paths"
+    """HASH of a tenant's path hashes -> session id."""
+    return tenant_base(prefix, tenant) + "paths"

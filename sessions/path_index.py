@@ -19,7 +19,8 @@ Keys (with the default prefix `rg:`):
 
     rg:{sid}:paths          HASH  path hash -> turn id: the session's anchors (in the session's
                                   slot; `SessionStore.delete_session` deletes it with the session)
-    rg:t:<tenant>:paths     HASH  path hash -> "<session id>:<turn id>": the tenant's latest
+    rg:{tenant:<tenant>}:paths
+                            HASH  path hash -> "<session id>:<turn id>": the tenant's latest
                                   session holding that path, and the anchor in it (another slot:
                                   sent with the session's entry but not atomically with it, so it
                                   may briefly lag or name a turn that is gone: callers check the
@@ -37,12 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 
 from sessions.codec import raise_for_reply
+from sessions.durability import NO_WAIT, run_durably
 from sessions.keys import SessionKeys, check_tenant, tenant_paths_key
+from sessions.redis_client import StoreClient
 
 HASH_LEN: Final[int] = 32  # hex chars kept of each sha256 (128 bits)
 MAX_CANDIDATES: Final[int] = 4  # tenant-wide entries tried before giving up on a lookup
@@ -153,7 +154,7 @@ class PathMatch:
 class PathIndex:
     """Reads and writes the path index. Holds no state besides the client and script handles."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str = "rg:") -> None:
+    def __init__(self, redis: StoreClient, *, key_prefix: str = "rg:") -> None:
         self.redis = redis
         self.key_prefix = key_prefix
         self._record: AsyncScript = redis.register_script(_RECORD)
@@ -170,17 +171,14 @@ class PathIndex:
             return
         keys = SessionKeys(self.key_prefix, session_id)
         flat = [v for pair in anchors.items() for v in pair]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self._record.sha, 2, keys.meta, keys.paths, tenant, *flat)
-            if tenant_wide:
-                pipe.hset(tenant_paths_key(self.key_prefix, tenant), mapping={
-                    path_hash: f"{session_id}:{turn_id}" for path_hash, turn_id in
-                    anchors.items()})
-            reply, *_ = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, NoScriptError):  # a restarted server: load it (one more trip)
-            reply = await self._record(keys=[keys.meta, keys.paths], args=[tenant, *flat])
-        elif isinstance(reply, Exception):
-            raise reply
+        extra: list[tuple[str, ...]] = []
+        if tenant_wide:
+            tenant_key = tenant_paths_key(self.key_prefix, tenant)
+            extra.append(("HSET", tenant_key, *(v for path_hash, turn_id in anchors.items()
+                                                for v in (path_hash, f"{session_id}:{turn_id}"))))
+        # The index is a cache of where a path ends: it is not waited for (NO_WAIT).
+        reply, _ = await run_durably(self.redis, self._record, [keys.meta, keys.paths],
+                                     [tenant, *flat], NO_WAIT, extra=extra)
         if reply[0] != b"OK":
             raise_for_reply(reply, session_id)
 

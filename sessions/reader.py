@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from sessions import lua
@@ -25,6 +24,7 @@ from sessions.errors import SessionNotFound, TurnNotFound
 from sessions.invariants import check_session_invariants
 from sessions.keys import SessionKeys, is_valid_id, tenant_index_key
 from sessions.models import Session, SessionEvent, Turn, TurnSummary, unpack_token_ids
+from sessions.redis_client import StoreClient, decodes_responses
 
 
 class SessionReader:
@@ -33,12 +33,12 @@ class SessionReader:
     Holds no state besides the client and script handles; one instance per process is enough.
     """
 
-    def __init__(self, redis: Redis, *, key_prefix: str = "rg:") -> None:
+    def __init__(self, redis: StoreClient, *, key_prefix: str = "rg:") -> None:
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError(
                 "key_prefix must not contain '{' or '}' (it would replace the hash tag)"
             )
-        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+        if decodes_responses(redis):
             raise ValueError("the session store needs a Redis client with decode_responses=False")
         self.redis = redis
         self.key_prefix = key_prefix

@@ -19,9 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 
 from sessions import lua
 from sessions.codec import (
@@ -35,6 +33,7 @@ from sessions.codec import (
     request_hash,
     text,
 )
+from sessions.durability import NO_WAIT, Durability, run_durably
 from sessions.errors import BranchNotFound, InvalidTreeOperation, TurnNotFound
 from sessions.keys import (
     SessionKeys,
@@ -49,27 +48,32 @@ from sessions.keys import (
 from sessions.models import DEFAULT_BRANCH, NewTurn, Session, Turn, pack_token_ids
 from sessions.path_index import PathIndex
 from sessions.reader import SessionReader
+from sessions.redis_client import StoreClient
 from sessions.turn_commit import TurnCommits
 
 
 class SessionStore(SessionReader):
     """Async store of session trees: the reads of `SessionReader` plus every mutation.
 
-    `redis` must use `decode_responses=False`. Idempotency records live `idempotency_ttl_s`; the
-    event stream is capped near `stream_maxlen` entries.
+    `redis` (one server or a cluster) must use `decode_responses=False`. Idempotency records
+    live `idempotency_ttl_s`; the event stream is capped near `stream_maxlen` entries. With
+    `durability` a mutation (create, append, fork, rewind, delete) is acknowledged only once
+    that many replicas hold it (`sessions.durability`; else it raises NotReplicated).
     """
 
     def __init__(
         self,
-        redis: Redis,
+        redis: StoreClient,
         *,
         key_prefix: str = "rg:",
         idempotency_ttl_s: int = 24 * 3600,
         stream_maxlen: int = 10_000,
+        durability: Durability = NO_WAIT,
     ) -> None:
         super().__init__(redis, key_prefix=key_prefix)
         self._idem_ttl_s = idempotency_ttl_s
         self._maxlen = stream_maxlen
+        self.durability = durability
         self._create: AsyncScript = redis.register_script(lua.CREATE)
         self._append_script: AsyncScript = redis.register_script(lua.APPEND)
         self._fork: AsyncScript = redis.register_script(lua.FORK)
@@ -126,16 +130,10 @@ class SessionStore(SessionReader):
         # The tenant's index is in another slot; sent in the same round trip (NX keeps a
         # replay's first score). It is only a listing: an entry whose create failed names a
         # session that reads as missing.
-        async with self.redis.pipeline(transaction=False) as pipe:
-            # evalsha itself: a pipeline given the Script would first ask SCRIPT EXISTS.
-            pipe.evalsha(self._create.sha, len(keys_), *keys_, *args)
-            pipe.zadd(tenant_index_key(self.key_prefix, tenant), {sid: time.time() * 1000},
-                      nx=True)
-            reply, _ = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, NoScriptError):  # a restarted server: load it (one more trip)
-            reply = await self._create(keys=keys_, args=args)
-        elif isinstance(reply, Exception):
-            raise reply
+        listing = ("ZADD", tenant_index_key(self.key_prefix, tenant), "NX", time.time() * 1000,
+                   sid)
+        reply, _ = await run_durably(self.redis, self._create, keys_, args, self.durability,
+                                     extra=[listing])
         if reply[0] not in (b"OK", b"DUP"):
             raise_for_reply(reply, sid)
         meta = pairs(reply[1])
@@ -271,7 +269,8 @@ class SessionStore(SessionReader):
         keys = self.keys(session_id)
         check_tenant(tenant)
         path_hashes = await self.paths.session_hashes(session_id)
-        reply = await self._delete(keys=keys.fixed, args=[keys.base, tenant])
+        reply, _ = await run_durably(self.redis, self._delete, keys.fixed, [keys.base, tenant],
+                                     self.durability)
         if reply[0] != b"OK":
             raise_for_reply(reply, session_id)
         await self.redis.zrem(tenant_index_key(self.key_prefix, tenant), session_id)
@@ -292,11 +291,10 @@ class SessionStore(SessionReader):
             req_hash = request_hash(op, {**fields, "expected_version": expected_version})
             idem_key = keys.idem(idempotency_key)
         version_arg = "" if expected_version is None else str(expected_version)
-        reply = await script(
-            keys=[*keys.fixed, idem_key, *extra_keys],
-            args=[keys.base, tenant, req_hash, self._idem_ttl_s, version_arg, self._maxlen,
-                  *extra_args],
-        )  # fmt: skip
+        reply, _ = await run_durably(
+            self.redis, script, [*keys.fixed, idem_key, *extra_keys],
+            [keys.base, tenant, req_hash, self._idem_ttl_s, version_arg, self._maxlen,
+             *extra_args], self.durability)
         if reply[0] not in (b"OK", b"DUP"):
             raise_for_reply(reply, keys.session_id, branch, expected_version)
         return reply[1], pairs(reply[2])

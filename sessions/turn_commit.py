@@ -199,8 +199,11 @@ class TurnCommits:
         the branch and release the lease, in one script. If the head moved after all (the lease
         lapsed), `fork_branch` is forked at the parent and moved instead (else HeadMoved).
         With `idempotency_key` a retry returns the first commit (`request_fields`, the request
-        that made the turn, is what must match). Returns the turns and the branch moved."""
+        that made the turn, is what must match); without one the reply's id is the key, so a
+        commit repeated after its answer was lost (a store failover) is answered as the first
+        rather than refused for the ids it wrote. Returns the turns and the branch moved."""
         session_id = start.session.id
+        idempotency_key = idempotency_key or f"commit:{turns[-1][0]}"
         if start.branch is None:
             appended, _ = await self.store._append(
                 session_id, tenant, turns, start.session.default_branch, start.parent.id,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import redis
+from sessions.redis_client import open_sync_client
 
 
 def delete_key_prefix(redis_url: str, prefix: str) -> None:
-    """Delete every key under `prefix` (in batches of 500)."""
-    client = redis.Redis.from_url(redis_url)
+    """Delete every key under `prefix` (in batches of 500; on a cluster, from every primary)."""
+    client = open_sync_client(redis_url)
     try:
         stale = list(client.scan_iter(match=f"{prefix}*", count=1000))
         for start in range(0, len(stale), 500):

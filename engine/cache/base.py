@@ -3,7 +3,11 @@
 Two implementations: `RadixCache` (the radix tree) and `NoPrefixCache` (the null object behind
 ``--no-prefix-cache``). Keys are token-id sequences at page granularity: only whole pages are ever
 cached, so a sequence of length L contributes ``L // page_size`` pages. Every operation takes a
-``namespace`` (tenant + model); namespaces never share nodes or pages.
+``namespace`` (an opaque string: the gateway derives it from model, tenant and salt); namespaces
+never share nodes. They share pages only where a tenant's tree was seeded from the public
+namespace's (`PUBLIC_NAMESPACE`, an operator-declared prefix; `engine.scheduler.shared_prefix`):
+such a page sits at the same position, under the same tokens, in each tree that holds it, and
+each of those trees holds its own pool reference on it.
 
 Ownership: the cache owns one pool reference on each page stored in it. Pages returned by
 `match_prefix` are the cache's; a request that keeps them increfs them itself (and locks the node
@@ -17,6 +21,10 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from engine.cache.page_pool import PagePool
+
+# The tree of the operator's declared public prefix; no request runs in it (the engine refuses it
+# as a request's namespace), requests only graft from it and publish to it.
+PUBLIC_NAMESPACE = "\x00public"
 
 
 class CacheNode(Protocol):
@@ -78,7 +86,8 @@ class PrefixCache(Protocol):
 
     @property
     def num_cached_pages(self) -> int:
-        """Pages the cache holds a reference on."""
+        """Page references the cache holds: a page seeded into several namespaces' trees
+        (a shared public prefix) counts once per tree."""
         ...
 
     @property

@@ -169,7 +169,8 @@ class RadixTree:
         self.page_pool.check_invariants()
         ps = self.page_size
         nodes: set[RadixNode] = set()
-        page_ids: set[int] = set()
+        # page -> (position, tokens, namespaces): one node per tree, the same place in each
+        page_places: dict[int, tuple[int, tuple[int, ...], set[str]]] = {}
         num_locked = 0
         for namespace, root in self._roots.items():
             assert root.parent is None and root.namespace == namespace, f"bad root {namespace!r}"
@@ -193,11 +194,18 @@ class RadixTree:
                 assert node.num_direct_locks >= 0 and node.lock_ref == num_locks, f"{where}: locks"
                 num_locked += len(node.page_ids) if node.lock_ref else 0
                 check_node(node, where)
-                for page_id in node.page_ids:
-                    assert page_id not in page_ids, f"{where}: page {page_id} in two nodes"
-                    assert self.page_pool.ref_count(page_id) >= 1, f"{where}: freed page {page_id}"
-                    page_ids.add(page_id)
-        assert len(page_ids) == self._num_cached_pages, f"cached {self._num_cached_pages}"
+                start = node.depth_len - len(node.token_ids)
+                for i, page_id in enumerate(node.page_ids):
+                    place = (start + i * ps, node.token_ids[i * ps : (i + 1) * ps])
+                    seen = page_places.setdefault(page_id, (*place, set()))
+                    assert namespace not in seen[2], f"{where}: page {page_id} twice in a tree"
+                    assert seen[:2] == place, f"{where}: page {page_id} shared at another place"
+                    seen[2].add(namespace)
+        num_refs = 0
+        for page_id, (_, _, namespaces) in page_places.items():
+            num_refs += len(namespaces)
+            assert self.page_pool.ref_count(page_id) >= len(namespaces), f"page {page_id} freed"
+        assert num_refs == self._num_cached_pages, f"cached {self._num_cached_pages}"
         assert num_locked == self._num_locked_pages, f"locked {self._num_locked_pages}"
         leaves = {node for node in nodes if node.parent is not None and not node.children}
         assert leaves == self._leaves, "leaf set out of date"

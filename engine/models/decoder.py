@@ -10,7 +10,7 @@ activation, experts, windows, sinks and rotary per layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -35,6 +35,10 @@ from engine.models.weights import (
     with_projections,
 )
 
+# Sums a tensor-parallel rank's partial output over the ranks (engine.tp), returning the sum
+# (possibly the same tensor, summed in place).
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
 
 def row_dtype(weight: Weight) -> torch.dtype:
     """The dtype a projection computes in, which its input rows are kept in."""
@@ -45,10 +49,14 @@ def row_dtype(weight: Weight) -> torch.dtype:
 
 def decoder_layer(ops: TorchOps, cfg: ModelConfig, layer: LayerWeights, lin: LayerWeights,
                   spec: AttentionSpec, x: torch.Tensor, positions: torch.Tensor,
-                  rotary: tuple[torch.Tensor, torch.Tensor], attention: AttentionFn) -> None:
+                  rotary: tuple[torch.Tensor, torch.Tensor], attention: AttentionFn,
+                  reduce: Reduce | None = None) -> None:
     """One pre-norm decoder layer, updating the residual stream `x` (N, hidden) in place.
     `layer` holds the norms, biases and experts; `lin` the projections in the form this forward
-    reads (dense, packed codes or oneDNN layout: the same values)."""
+    reads (dense, packed codes or oneDNN layout: the same values). With `reduce` (a
+    tensor-parallel shard: `cfg` counts this rank's heads and intermediate units) the o and
+    down projections' partial outputs are summed over the ranks, once per attention block and
+    once per MLP block, before o's bias, the sandwich norms and the residual add."""
     eps, num_tokens = cfg.rms_norm_eps, x.shape[0]
     nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     rows = row_dtype(lin.qkv)
@@ -60,7 +68,13 @@ def decoder_layer(ops: TorchOps, cfg: ModelConfig, layer: LayerWeights, lin: Lay
     q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     attn = attention(spec, q.view(num_tokens, nh, hd), k.view(num_tokens, nkv, hd),
                      v.view(num_tokens, nkv, hd)).reshape(num_tokens, cfg.q_size).to(rows)
-    if layer.post_attn_norm is None:
+    if reduce is not None:
+        out = reduce(linear(attn, lin.o))
+        if layer.o_bias is not None:  # added once, after the sum
+            out = out + layer.o_bias
+        x.add_(out if layer.post_attn_norm is None
+               else ops.rms_norm(out, layer.post_attn_norm, eps, x.dtype))
+    elif layer.post_attn_norm is None:
         ops.add_linear_(x, attn, lin.o, layer.o_bias)
     else:
         out = linear(attn, lin.o, layer.o_bias)
@@ -69,13 +83,19 @@ def decoder_layer(ops: TorchOps, cfg: ModelConfig, layer: LayerWeights, lin: Lay
     if layer.moe is not None:
         assert cfg.moe is not None
         mlp = moe_forward(h, layer.moe, cfg.moe)
+        if reduce is not None:
+            mlp = reduce(mlp)
         if layer.post_ffn_norm is not None:
             mlp = ops.rms_norm(mlp, layer.post_ffn_norm, eps, x.dtype)
         x.add_(mlp)
         return
     assert lin.gate_up is not None and lin.down is not None
     gated = ops.gate_mul(linear(h, lin.gate_up), cfg.activation)
-    if layer.post_ffn_norm is None:
+    if reduce is not None:
+        down = reduce(linear(gated, lin.down))
+        x.add_(down if layer.post_ffn_norm is None
+               else ops.rms_norm(down, layer.post_ffn_norm, eps, x.dtype))
+    elif layer.post_ffn_norm is None:
         ops.add_linear_(x, gated, lin.down)
     else:
         x.add_(ops.rms_norm(linear(gated, lin.down), layer.post_ffn_norm, eps, x.dtype))
@@ -83,11 +103,14 @@ def decoder_layer(ops: TorchOps, cfg: ModelConfig, layer: LayerWeights, lin: Lay
 
 class DecoderModel:
     """Weights plus the forward pass. Stateless across calls: all KV state lives in the backend.
-    The one implementation of `engine.models.base.Model`."""
+    The one implementation of `engine.models.base.Model`. With `reduce`, one tensor-parallel
+    rank's shard (engine.tp.shard): `config` and the weights are the rank's part."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, dtype: torch.dtype,
-                 mixed: MixedPrecision | None = None, packed: PackedWeights | None = None) -> None:
+                 mixed: MixedPrecision | None = None, packed: PackedWeights | None = None,
+                 reduce: Reduce | None = None) -> None:
         self.config = config
+        self.reduce = reduce
         self.weights = weights
         self.dtype = dtype
         self.device = weights.embed.device
@@ -120,15 +143,17 @@ class DecoderModel:
         """A model with every weight on `device` (this one is unchanged); a tied lm_head stays
         the same tensor as the embedding, so tying costs no extra device memory."""
         return DecoderModel(self.config, self.weights.to(device), self.dtype, self.mixed,
-                            self.packed)
+                            self.packed, self.reduce)
 
     def with_mixed_precision(self, mixed: MixedPrecision | None) -> DecoderModel:
         """The same weights with extends in `mixed.dtype` (None: every step in `self.dtype`)."""
-        return DecoderModel(self.config, self.weights, self.dtype, mixed, self.packed)
+        return DecoderModel(self.config, self.weights, self.dtype, mixed, self.packed,
+                            self.reduce)
 
     def with_packed(self, packed: PackedWeights | None) -> DecoderModel:
         """The same weights with forwards on `packed` (None: the dense reference)."""
-        return DecoderModel(self.config, self.weights, self.dtype, self.mixed, packed)
+        return DecoderModel(self.config, self.weights, self.dtype, self.mixed, packed,
+                            self.reduce)
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -217,7 +242,7 @@ class DecoderModel:
             if i in layers:
                 captured[i] = x.clone()  # the layer updates x in place
             decoder_layer(ops, cfg, layer, linears[i], self.attention_specs[i], x, positions,
-                          self._rotary[i], attention)
+                          self._rotary[i], attention, self.reduce)
         if num_layers in layers:
             captured[num_layers] = x.clone()
         aux = torch.cat([captured[i] for i in layers], dim=-1) if layers else None

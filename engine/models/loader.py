@@ -161,7 +161,7 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     # With mixed precision the extends run bf16 copies instead.
     if packed_weights is not None and mixed is None and dtype == INT8:
         packed_weights = replace(packed_weights, extend_layers=tuple(
-            _int8_layer(dense, codes)
+            int8_extend_layer(dense, codes)
             for dense, codes in zip(weights.layers, packed_weights.decode_layers, strict=True)))
         if not any(isinstance(w, int8_gemm.Int8Weight)
                    for layer in packed_weights.extend_layers or () for w in projections(layer)):
@@ -169,7 +169,7 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
                            "run fp32", path.name)
     elif packed_weights is not None and mixed is None and onednn.available():
         packed_weights = replace(packed_weights, extend_layers=tuple(
-            _onednn_layer(layer) for layer in weights.layers))
+            onednn_extend_layer(layer) for layer in weights.layers))
     model_ = DecoderModel(config, weights, torch_dtype, mixed, packed_weights)
     loaded = LoadedModel(path, model_, tokenizer, time.perf_counter() - started)
     if show_progress:
@@ -178,7 +178,7 @@ def load_model(model: str | None = None, dtype: str = "fp32", *,
     return loaded
 
 
-def _int8_layer(dense: LayerWeights, codes: LayerWeights) -> LayerWeights:
+def int8_extend_layer(dense: LayerWeights, codes: LayerWeights) -> LayerWeights:
     """The extend weights of one layer for `--dtype int8`: each projection whose GGUF codes are
     packed (`codes`) as an int8 GEMM weight, the others dense fp32 in oneDNN's layout."""
     def convert(weight: Weight, fallback: Weight | None) -> Weight:
@@ -196,7 +196,7 @@ def _int8_layer(dense: LayerWeights, codes: LayerWeights) -> LayerWeights:
                    down=None if codes.down is None else convert(codes.down, dense.down))
 
 
-def _onednn_layer(layer: LayerWeights) -> LayerWeights:
+def onednn_extend_layer(layer: LayerWeights) -> LayerWeights:
     """`layer` with its dense fp32 projections in oneDNN's layout (experts stay dense)."""
     def pack(weight: object) -> onednn.OneDnnWeight:
         if not isinstance(weight, torch.Tensor):

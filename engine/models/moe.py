@@ -42,7 +42,8 @@ def _gate(gate_up: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
 
 def moe_forward(h: torch.Tensor, w: MoEWeights, cfg: MoEConfig) -> torch.Tensor:
     """h (N, hidden) -> the weighted sum of each token's experts (N, hidden), in the experts'
-    dtype."""
+    dtype. Only the experts `w` holds contribute (all of them but on a tensor-parallel rank,
+    whose sum over the ranks is the whole)."""
     experts, weights = route(h, w, cfg)
     dtype = w.gate_up.dtype
     x = h.to(dtype)
@@ -53,15 +54,16 @@ def moe_forward(h: torch.Tensor, w: MoEWeights, cfg: MoEConfig) -> torch.Tensor:
     out = torch.zeros(h.shape[0], w.down.shape[1], dtype=dtype, device=h.device)
     start = 0
     for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        rows = token_of[start : start + count]
-        picks = order[start : start + count]
+        local = expert - w.first_expert
         start += count
-        gate_up = F.linear(x[rows], w.gate_up[expert],
-                           None if w.gate_up_bias is None else w.gate_up_bias[expert])
-        y = F.linear(_gate(gate_up, cfg), w.down[expert],
-                     None if w.down_bias is None else w.down_bias[expert])
+        if count == 0 or not 0 <= local < w.gate_up.shape[0]:
+            continue
+        rows = token_of[start - count : start]
+        picks = order[start - count : start]
+        gate_up = F.linear(x[rows], w.gate_up[local],
+                           None if w.gate_up_bias is None else w.gate_up_bias[local])
+        y = F.linear(_gate(gate_up, cfg), w.down[local],
+                     None if w.down_bias is None else w.down_bias[local])
         scale = weights.flatten()[picks].to(dtype).unsqueeze(1)
         out.index_add_(0, rows, y * scale)
     return out

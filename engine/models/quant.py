@@ -81,6 +81,11 @@ class PackedWeight:
         object.__setattr__(self, "pointers", (self.codes.data_ptr(), self.d.data_ptr(),
                                               self.m.data_ptr() if self.m is not None else 0))
 
+    def __reduce__(self) -> tuple[type[PackedWeight], tuple[object, ...]]:
+        # Pickled (to a tensor-parallel rank, engine.tp) as its buffers: the addresses are
+        # recomputed where it is rebuilt, never carried over.
+        return PackedWeight, (self.fmt, self.codes, self.d, self.m)
+
     @property
     def nbytes(self) -> int:
         m_bytes = self.m.numel() * 4 if self.m is not None else 0

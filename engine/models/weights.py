@@ -19,14 +19,17 @@ from engine.models.quant import PackedWeight
 
 @dataclass
 class MoEWeights:
-    """A sparse MLP's router and experts, dense: experts' gate and up fused as in a dense MLP."""
+    """A sparse MLP's router and experts, dense: experts' gate and up fused as in a dense MLP.
+    The expert tensors may hold a contiguous run of the experts only, from `first_expert` on (a
+    tensor-parallel rank's share, engine.tp.shard); the router always scores every expert."""
 
     router: torch.Tensor  # (num_experts, hidden)
-    gate_up: torch.Tensor  # (num_experts, 2 * intermediate, hidden): gate rows, then up rows
-    down: torch.Tensor  # (num_experts, hidden, intermediate)
+    gate_up: torch.Tensor  # (held experts, 2 * intermediate, hidden): gate rows, then up rows
+    down: torch.Tensor  # (held experts, hidden, intermediate)
     router_bias: torch.Tensor | None = None  # (num_experts,)
-    gate_up_bias: torch.Tensor | None = None  # (num_experts, 2 * intermediate)
-    down_bias: torch.Tensor | None = None  # (num_experts, hidden)
+    gate_up_bias: torch.Tensor | None = None  # (held experts, 2 * intermediate)
+    down_bias: torch.Tensor | None = None  # (held experts, hidden)
+    first_expert: int = 0  # the global id of gate_up[0]
 
     def to(self, device: torch.device | str) -> MoEWeights:
         return MoEWeights(**{f.name: _move(getattr(self, f.name), device)

@@ -16,6 +16,7 @@ from engine.cache.base import PrefixCache, SlidingWindow
 from engine.cache.host_tier import KVTier, restore
 from engine.cache.page_pool import PagePool
 from engine.core import Phase, Request
+from engine.scheduler import shared_prefix
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class Scheduler:
         inserted = self.cache.insert(request.namespace, computed[: num_full * self.page_size],
                                      request.page_ids[:num_full],
                                      request.swa_page_ids[:num_full] if self.swa else None)
+        if self.swa is None:
+            shared_prefix.publish(self.cache, request, request.page_ids, num_full)
         if request.bind_turn_id is not None:
             tail = request.all_ids[num_full * self.page_size :]
             if request.stop_token_id is not None:
@@ -183,6 +186,8 @@ class Scheduler:
         """Match the cached prefix and take references on it. False if it cannot start now."""
         # At least one token must run through the model to produce the next token's logits.
         limit = (req.seq_len - 1) // self.page_size
+        if self.swa is None:
+            shared_prefix.adopt(self.cache, self.pool, self.tiers, req, limit)
         for tier in self.tiers:
             restore(tier, self.cache, self.pool, req.namespace, req.all_ids, limit)
         # Matched up to the limit, so that (with sliding-window memory) the window the first

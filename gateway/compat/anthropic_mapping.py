@@ -43,7 +43,9 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
                   for t in request.tools or ())
     generation = Generation(max_tokens=1, tool_choice=_tool_choice(request.tool_choice, tools))
     stream = False
+    cache_salt = None
     if isinstance(request, MessagesRequest):
+        cache_salt = request.cache_salt
         generation = Generation(
             max_tokens=request.max_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
@@ -56,7 +58,8 @@ def conversation_of(request: CountTokensRequest) -> Conversation:
         stream = request.stream
     system = _system_text(request.system)
     return Conversation(model=request.model, system=system or None, messages=tuple(messages),
-                        generation=generation, tools=tools, stream=stream)
+                        generation=generation, tools=tools, stream=stream,
+                        cache_salt=cache_salt)
 
 
 BILLING_HEADER = "x-anthropic-billing-header:"

@@ -24,9 +24,10 @@ from gateway.compat.anthropic_mapping import conversation_of
 from gateway.compat.anthropic_schemas import CountTokensRequest, MessagesRequest
 from gateway.compat.conversation import Conversation
 from gateway.compat.runner import TURN_HEADER, CompatDep, SessionHintDep, StartedTurn, final_turn
-from gateway.deps import TenantDep
+from gateway.deps import PrincipalDep, TenantDep
 from gateway.errors import exception_error, request_id_of
 from gateway.keepalive import ANTHROPIC_PING, keepalive
+from gateway.rate_limits import refunded_on_error
 from gateway.toolcall_parser import TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from gateway.turns import TurnEnded
 from gateway.views import SSE_HEADERS
@@ -41,10 +42,12 @@ _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 @router.post("", responses={
     **_ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
-async def create_message(body: MessagesRequest, request: Request, tenant: TenantDep,
+async def create_message(body: MessagesRequest, request: Request, principal: PrincipalDep,
                          compat: CompatDep, session_hint: SessionHintDep = None) -> Response:
     conversation = conversation_of(body)
-    turn = await compat.start(tenant, conversation, session_hint=session_hint)
+    admission = await compat.admit(principal, conversation.generation.max_tokens)
+    async with refunded_on_error(admission):
+        turn = await compat.start(principal.tenant, conversation, session_hint=session_hint)
     message_id = f"msg_{turn.started.input_turn_id}"
     request_id = request_id_of(request)
     headers = {**turn.headers, "request-id": request_id or ""}  # where the SDK looks for it

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.cache_scope import CacheSalt
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -55,3 +57,4 @@ class MessagesRequest(CountTokensRequest):
     # structured-outputs beta sent it, at the top level.
     output_config: dict[str, Any] | None = None
     output_format: dict[str, Any] | None = None
+    cache_salt: CacheSalt = None  # splits the tenant's prefix-cache namespace

@@ -53,6 +53,7 @@ class Conversation:
     tools: tuple[dict[str, Any], ...] = ()
     stream: bool = False
     include_usage: bool = False  # OpenAI stream_options.include_usage
+    cache_salt: str | None = None  # checked by the request model (`gateway.cache_scope`)
 
     def __post_init__(self) -> None:
         if not self.messages:

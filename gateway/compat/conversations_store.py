@@ -23,9 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from gateway.errors import ApiError
+from sessions.redis_client import StoreClient
 
 MAX_ITEMS_PER_ADD = 20  # OpenAI's limit on items in one create or add
 
@@ -66,7 +65,7 @@ class Conversation:
 class ConversationStore:
     """Stateless besides the client."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str, retention_s: int) -> None:
+    def __init__(self, redis: StoreClient, *, key_prefix: str, retention_s: int) -> None:
         self.redis = redis
         self.key_prefix = key_prefix
         self.retention_s = retention_s

@@ -52,7 +52,8 @@ def conversation_of(request: ChatCompletionRequest) -> Conversation:
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Conversation(model=request.model, system="\n".join(system_parts) or None,
                         messages=tuple(native), generation=generation, tools=tools,
-                        stream=request.stream, include_usage=include_usage)
+                        stream=request.stream, include_usage=include_usage,
+                        cache_salt=request.cache_salt)
 
 
 def _check_supported(request: ChatCompletionRequest) -> None:

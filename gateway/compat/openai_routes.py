@@ -24,9 +24,10 @@ from gateway.compat.conversation import Conversation
 from gateway.compat.openai_mapping import conversation_of
 from gateway.compat.openai_schemas import ChatCompletionRequest
 from gateway.compat.runner import TURN_HEADER, CompatDep, SessionHintDep, StartedTurn, final_turn
-from gateway.deps import TenantDep
+from gateway.deps import PrincipalDep
 from gateway.errors import exception_error, request_id_of
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
+from gateway.rate_limits import refunded_on_error
 from gateway.toolcall_parser import TextDelta, ToolCallDelta, ToolCallStart
 from gateway.turns import TurnEnded
 from gateway.views import SSE_HEADERS
@@ -41,10 +42,13 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 
 @router.post("/chat/completions", responses={
     **_ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
-async def chat_completions(body: ChatCompletionRequest, request: Request, tenant: TenantDep,
-                           compat: CompatDep, session_hint: SessionHintDep = None) -> Response:
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           principal: PrincipalDep, compat: CompatDep,
+                           session_hint: SessionHintDep = None) -> Response:
     conversation = conversation_of(body)
-    turn = await compat.start(tenant, conversation, session_hint=session_hint)
+    admission = await compat.admit(principal, conversation.generation.max_tokens)
+    async with refunded_on_error(admission):
+        turn = await compat.start(principal.tenant, conversation, session_hint=session_hint)
     head = _head(turn, conversation)
     if conversation.stream:
         return StreamingResponse(

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from gateway.cache_scope import CacheSalt
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -81,3 +83,4 @@ class ChatCompletionRequest(_Open):
     # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {name, schema,
     # strict, description}}
     response_format: dict[str, Any] | None = None
+    cache_salt: CacheSalt = None  # splits the tenant's prefix-cache namespace (vLLM's field)

@@ -31,10 +31,11 @@ from gateway.compat.responses_schemas import ResponseCreateRequest, ResponseInpu
 from gateway.compat.responses_service import Outcome, ResponsesService, response_id_of
 from gateway.compat.responses_store import ResponseStore, StoredResponse
 from gateway.compat.runner import TURN_HEADER, CompatDep
-from gateway.deps import TenantDep
+from gateway.deps import PrincipalDep, TenantDep
 from gateway.error_catalog import retry_headers
 from gateway.errors import ApiError, exception_error, status_for
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
+from gateway.rate_limits import refunded_on_error
 from gateway.views import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
@@ -66,15 +67,18 @@ RunsDep = Annotated[ResponseRuns, Depends(get_runs)]
 
 @router.post("", responses={**_ERRORS, 200: {"content": {"application/json": {},
                                                           "text/event-stream": {}}}})
-async def create_response(body: ResponseCreateRequest, tenant: TenantDep, compat: CompatDep,
-                          store: StoreDep, conversations: ConversationsDep, runs: RunsDep
-                          ) -> Response:
+async def create_response(body: ResponseCreateRequest, principal: PrincipalDep,
+                          compat: CompatDep, store: StoreDep, conversations: ConversationsDep,
+                          runs: RunsDep) -> Response:
     if body.background and not body.store:
         raise ApiError("background: a background response must be stored (store: true)",
                        param="background")
+    tenant = principal.tenant
     service = ResponsesService(compat, store, conversations)
-    prepared = await service.prepare(tenant, body, body)
-    started = await service.start(tenant, prepared, prompt_cache_key=body.prompt_cache_key)
+    admission = await compat.admit(principal, body.max_output_tokens)
+    async with refunded_on_error(admission):
+        prepared = await service.prepare(tenant, body, body)
+        started = await service.start(tenant, prepared, prompt_cache_key=body.prompt_cache_key)
     response_id = response_id_of(started)
     events = RunEvents()
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.cache_scope import CacheSalt
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -47,3 +49,4 @@ class ResponseCreateRequest(ResponseInputRequest):
     reasoning: dict[str, Any] | None = None  # accepted; this model does not reason
     max_tool_calls: int | None = Field(default=None, ge=1)
     user: str | None = None
+    cache_salt: CacheSalt = None  # splits the tenant's prefix-cache namespace

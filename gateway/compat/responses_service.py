@@ -133,7 +133,8 @@ class ResponsesService:
         generation = generation_of(create, tools) if create else Generation(max_tokens=1)
         conversation_ = Conversation(model=body.model or self.compat.model, system=system,
                                      messages=tuple(messages), generation=generation,
-                                     tools=tools, stream=bool(create and create.stream))
+                                     tools=tools, stream=bool(create and create.stream),
+                                     cache_salt=create.cache_salt if create else None)
         return Prepared(conversation_, items, custom, root_hash, after, conversation_id)
 
     async def _previous(self, tenant: str, response_id: str) -> StoredResponse:

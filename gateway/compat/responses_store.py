@@ -18,9 +18,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from redis.asyncio import Redis
-
 from gateway.errors import ApiError
+from sessions.redis_client import StoreClient
 
 DEFAULT_RETENTION_S: Final[int] = 30 * 24 * 3600
 
@@ -55,7 +54,7 @@ class StoredResponse:
 class ResponseStore:
     """Stateless besides the client."""
 
-    def __init__(self, redis: Redis, *, key_prefix: str = "rg:",
+    def __init__(self, redis: StoreClient, *, key_prefix: str = "rg:",
                  retention_s: int = DEFAULT_RETENTION_S) -> None:
         if retention_s <= 0:
             raise ValueError("retention_s must be positive")

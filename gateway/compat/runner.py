@@ -16,9 +16,11 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from pydantic import ValidationError
 
+from gateway.auth import Principal
 from gateway.compat.conversation import Conversation, ToolChoice
 from gateway.compat.placement import Placement, TreeMapper
 from gateway.errors import InvalidRequest, UnknownModel
+from gateway.rate_limits import Admission, RateLimiter
 from gateway.schemas import AppendTurnRequest, GenerateOptions, Message, NamedToolChoice
 from gateway.schemas import ToolChoice as NativeToolChoice
 from gateway.settings import GatewaySettings
@@ -52,12 +54,21 @@ class CompatService:
     """Built per request from the app state; holds no state of its own."""
 
     def __init__(self, turns: TurnService, settings: GatewaySettings, model: str,
-                 telemetry: Telemetry) -> None:
+                 telemetry: Telemetry, limiter: RateLimiter) -> None:
         self.turns = turns
         self.settings = settings
         self.model = model
         self.telemetry = telemetry
+        self.limiter = limiter
         self.mapper = TreeMapper(turns.store, turns.renderer, model)
+        self.admission: Admission | None = None  # this request's, once `admit` passed
+
+    async def admit(self, principal: Principal, max_tokens: int | None) -> Admission:
+        """Admit this request under its limits (429 RateLimited), reserving `max_tokens`
+        (None: the cap) of output; the turn `start` begins settles it when it ends."""
+        cap = self.settings.max_tokens_limit
+        self.admission = await self.limiter.admit(principal, min(max_tokens or cap, cap))
+        return self.admission
 
     def check_model(self, requested: str) -> None:
         """Raise UnknownModel (404) unless `requested` is served or an alias of it."""
@@ -123,7 +134,10 @@ class CompatService:
             await events.aclose()
             raise
         assert isinstance(first, TurnStarted)
-        return StartedTurn(placement, first, self._indexed(tenant, placement, events))
+        indexed = self._indexed(tenant, placement, events)
+        if self.admission is not None:
+            indexed = self.admission.watch(indexed)
+        return StartedTurn(placement, first, indexed)
 
     def _append_request(self, conversation: Conversation) -> AppendTurnRequest:
         gen = conversation.generation
@@ -139,7 +153,7 @@ class CompatService:
                     gen.response_format))
             return AppendTurnRequest(messages=[Message.model_validate(m)
                                                for m in conversation.messages],
-                                     generate=options)
+                                     generate=options, cache_salt=conversation.cache_salt)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
@@ -179,7 +193,7 @@ async def get_compat(request: Request) -> CompatService:
     settings: GatewaySettings = state.settings
     model: str = state.model_name
     telemetry: Telemetry = state.telemetry
-    return CompatService(turns, settings, model, telemetry)
+    return CompatService(turns, settings, model, telemetry, state.limiter)
 
 
 CompatDep = Annotated[CompatService, Depends(get_compat)]

@@ -12,6 +12,8 @@ from gateway.deps import (
     ExpectedVersionDep,
     IdempotencyDep,
     IdempotencyKeyDep,
+    PrincipalDep,
+    Services,
     ServicesDep,
     SessionStoreDep,
     TenantDep,
@@ -21,6 +23,7 @@ from gateway.errors import InFlight, InvalidRequest, request_id_of
 from gateway.generation import TurnResume
 from gateway.idempotency import Claim, IdempotencyStore, Replay, request_hash
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
+from gateway.rate_limits import Admission, refunded_on_error
 from gateway.schemas import (
     AppendTurnRequest,
     BranchView,
@@ -105,23 +108,36 @@ async def get_turn(session_id: str, turn_id: str, tenant: TenantDep,
 @router.post("/{session_id}/turns", response_model=TurnView, responses={
     **_ERRORS, 200: {"content": {"application/json": {}, "text/event-stream": {}}}})
 async def append_turn(session_id: str, body: AppendTurnRequest, request: Request,
-                      tenant: TenantDep, services: ServicesDep, expected: ExpectedVersionDep,
-                      key: IdempotencyKeyDep = None) -> Response:
-    settings, turns, idem = services.settings, services.turns, services.idempotency
-    telemetry = services.telemetry
+                      principal: PrincipalDep, services: ServicesDep,
+                      expected: ExpectedVersionDep, key: IdempotencyKeyDep = None) -> Response:
+    settings = services.settings
     if len(body.messages) > settings.max_messages:
         raise InvalidRequest(f"at most {settings.max_messages} messages per turn")
+    # Limits first: a turn over one is refused before any store write or engine work.
+    admission = await services.limiter.admit(principal, body.generate.max_tokens)
+    async with refunded_on_error(admission):
+        response = await _append_turn(session_id, body, request, principal.tenant, services,
+                                      expected, key, admission)
+    if not body.generate.stream:
+        await admission.settle()  # a replayed answer ran nothing (a no-op once settled)
+    return response
+
+
+async def _append_turn(session_id: str, body: AppendTurnRequest, request: Request,
+                       tenant: str, services: Services, expected: int | None, key: str | None,
+                       admission: Admission) -> Response:
+    turns, idem, telemetry = services.turns, services.idempotency, services.telemetry
     req_hash = None  # only an Idempotency-Key needs the request's hash
     if key is not None:
         payload = {"body": body.model_dump(mode="json"), "if_match": expected}
         req_hash = request_hash(request.method, request.url.path, payload)
     if body.generate.stream:
         return await _stream_turn(session_id, body, request, tenant, turns, idem, expected,
-                                  telemetry, key, req_hash)
-    events = traced_turn(telemetry, turns.run_turn(
+                                  telemetry, key, req_hash, admission)
+    events = admission.watch(traced_turn(telemetry, turns.run_turn(
         tenant, session_id, body, expected_version=expected, idempotency_key=key,
         request_hash=req_hash), model=request.state.model_name, session_id=session_id,
-        max_tokens=body.generate.max_tokens)
+        max_tokens=body.generate.max_tokens))
 
     async def compute() -> tuple[int, Any]:
         async for event in events:
@@ -135,8 +151,8 @@ async def append_turn(session_id: str, body: AppendTurnRequest, request: Request
 
 async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Request, tenant: str,
                        turns: TurnService, idem: IdempotencyStore, expected: int | None,
-                       telemetry: Telemetry, key: str | None, req_hash: str | None
-                       ) -> Response:
+                       telemetry: Telemetry, key: str | None, req_hash: str | None,
+                       admission: Admission) -> Response:
     """A streamed turn. With an Idempotency-Key, a retry replays the finished turn, or
     continues one whose engine worker died mid-stream (SSE `error` of type turn_interrupted)."""
     claim: Claim | None = None
@@ -150,18 +166,20 @@ async def _stream_turn(session_id: str, body: AppendTurnRequest, request: Reques
             running = streams.get(idem.record_key(tenant, key))
             if running is None:
                 raise  # the first request runs on another gateway replica
+            await admission.settle()  # it joins the running turn: nothing more runs
             return _sse(keepalive(running.follow(request.headers.get("last-event-id")),
                                   keepalive_s, SSE_COMMENT_PING))
         if isinstance(outcome, Replay):
+            await admission.settle()
             return _sse(replayed_stream(outcome.body["parent_turn_id"], outcome.body["turn"]))
         claim = outcome
         if claim.state is not None:
             resume = TurnResume.from_dict(claim.state["resume"])
-    events = traced_turn(telemetry, turns.run_turn(
+    events = admission.watch(traced_turn(telemetry, turns.run_turn(
         tenant, session_id, body, expected_version=expected, resume=resume, interruptible=True,
         idempotency_key=key, request_hash=req_hash),
         model=request.state.model_name, session_id=session_id,
-        max_tokens=body.generate.max_tokens)
+        max_tokens=body.generate.max_tokens))
     record = _IdempotentStream(idem, claim) if claim is not None else None
     try:
         first = await anext(events)

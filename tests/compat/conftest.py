@@ -16,7 +16,6 @@ import httpx
 import openai
 import pytest
 import torch
-from redis.asyncio import Redis
 
 from engine.models.loader import LoadedModel
 from engine.models.locate import embedded_gguf_path
@@ -25,6 +24,7 @@ from gateway.auth import KeyStore
 from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
 from sessions import SessionStore
+from sessions.redis_client import open_client
 from tests.redis_keys import delete_key_prefix
 from tests.tiny_model import tiny_model
 
@@ -70,7 +70,7 @@ class Live:
             return body
 
     async def _check_invariants(self, session_id: str) -> None:
-        client = Redis.from_url(self.redis_url)
+        client = open_client(self.redis_url)
         try:
             store = SessionStore(client, key_prefix=self.key_prefix)
             await store.check_invariants(session_id)
@@ -80,7 +80,7 @@ class Live:
 
 
 async def _create_keys(redis_url: str, settings: GatewaySettings) -> tuple[str, str]:
-    client = Redis.from_url(redis_url)
+    client = open_client(redis_url)
     try:
         keys = KeyStore(client, settings.auth_key_prefix)
         return await keys.create("alpha"), await keys.create("beta")
@@ -89,11 +89,13 @@ async def _create_keys(redis_url: str, settings: GatewaySettings) -> tuple[str, 
 
 
 @contextmanager
-def live_gateway(loaded: LoadedModel, redis_url: str, model_name: str) -> Iterator[Live]:
-    """Serve `loaded` on a free port with two API keys; delete every key it wrote afterwards."""
+def live_gateway(loaded: LoadedModel, redis_url: str, model_name: str,
+                 **settings_fields: Any) -> Iterator[Live]:
+    """Serve `loaded` on a free port with two API keys; delete every key it wrote afterwards.
+    `settings_fields`: more GatewaySettings fields."""
     prefix = f"test:{uuid.uuid4().hex}:"
     settings = GatewaySettings(redis_url=redis_url, key_prefix=prefix,
-                               max_body_bytes=MAX_BODY_BYTES)
+                               max_body_bytes=MAX_BODY_BYTES, **settings_fields)
     try:
         key, other_key = asyncio.run(_create_keys(redis_url, settings))
         with serve_local(loaded, settings, model_name=model_name,

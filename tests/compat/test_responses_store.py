@@ -10,7 +10,6 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from redis.asyncio import Redis
 
 from engine.models.locate import embedded_gguf_path
 from engine.tokenizer import Tokenizer
@@ -18,6 +17,7 @@ from gateway.compat.responses_store import ResponseNotFound, ResponseStore, Stor
 from gateway.local_server import serve_local
 from gateway.settings import GatewaySettings
 from sessions.embedded import EmbeddedValkey
+from sessions.redis_client import open_client
 from tests.tiny_model import tiny_model
 
 
@@ -52,7 +52,7 @@ def test_responses_survive_gateway_and_store_restarts(tmp_path: Path) -> None:
 
 
 async def _expiry(redis_url: str, prefix: str) -> None:
-    client = Redis.from_url(redis_url)
+    client = open_client(redis_url)  # one server or a cluster (tests/cluster)
     try:
         store = ResponseStore(client, key_prefix=prefix, retention_s=1)
         record = StoredResponse("acme", {"id": "resp_short", "output": []}, [])

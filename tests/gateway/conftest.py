@@ -15,7 +15,6 @@ import pytest
 import torch
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from engine.client import EngineClient
 from engine.engine import Engine, EngineConfig
@@ -25,6 +24,7 @@ from engine.tokenizer import Tokenizer
 from gateway.app import create_app
 from gateway.engine_link import EngineLink
 from gateway.settings import GatewaySettings
+from sessions.redis_client import StoreClient, open_client
 from tests.tiny_model import tiny_model
 
 
@@ -44,7 +44,7 @@ class Harness:
     app: FastAPI
     client: httpx.AsyncClient
     engine: Engine
-    redis: Redis
+    redis: StoreClient
     settings: GatewaySettings
     engine_client: EngineClient
     tokenizer: Tokenizer
@@ -83,7 +83,7 @@ def run_gateway(redis_url: str, redis_key_prefix: str, tiny_loaded: LoadedModel,
             engine = make_engine()
             engine_client = EngineClient.in_process(engine)
             link = EngineLink(engine_client, restart_timeout_s=restart_timeout_s)
-            redis = Redis.from_url(redis_url)
+            redis = open_client(redis_url)  # one server or a cluster (tests/cluster)
             app = create_app(settings, engine_client=link, redis=redis,
                              tokenizer=tokenizer, model_name="tiny")
             harness: Harness | None = None

@@ -137,11 +137,13 @@ async def _count_each(c: httpx.AsyncClient, seen: list[int]) -> None:
             "messages": [{"role": "user", "content": "b"}],
             "generate": {"max_tokens": 2, "stream": True}}, {"Idempotency-Key": "k2"}),
     ]
-    for name, path, payload, headers in requests:
+    for n, (name, path, payload, headers) in enumerate(requests):
         _Counting.sends = 0
         r = await c.post(path, json=payload, headers=headers)
         assert r.status_code == 200, (name, r.text)
-        assert seen[-1] <= 3, (name, seen[-1])
+        # The gateway's first turn also asks whether its tenant has limits (one script); the
+        # answer "none" is remembered (`gateway.rate_limits.NO_LIMITS_TTL_S`).
+        assert seen[-1] <= (4 if n == 0 else 3), (name, seen[-1])
     for step in range(2):  # a new conversation, then its next turn
         _Counting.sends = 0
         r = await c.post("/v1/chat/completions", json={

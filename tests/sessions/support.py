@@ -6,15 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import Redis
-
 from sessions import NewTurn, SessionStore
+from sessions.redis_client import open_client
 
 
 @asynccontextmanager
 async def open_store(url: str, prefix: str, **kwargs: Any) -> AsyncIterator[SessionStore]:
     """A SessionStore on its own client, closed on exit (call inside the test's event loop)."""
-    client = Redis.from_url(url)
+    client = open_client(url)  # one server or a cluster (tests/cluster)
     try:
         yield SessionStore(client, key_prefix=prefix, **kwargs)
     finally:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from sessions import SessionNotFound, SessionStore, path_hashes, root_path_hash
+from sessions.keys import tenant_paths_key
 from sessions.path_index import canonical_message, extend_path_hash
 from tests.sessions.conftest import StoreBody
 from tests.sessions.support import assistant, keys_matching, user
@@ -85,7 +86,7 @@ def test_delete_session_drops_its_index(with_store: Run) -> None:
         await store.paths.record("acme", new.id, {shared: a_new.id})  # the latest session wins
         await store.delete_session(old.id, tenant="acme")
         assert await keys_matching(store, f"{store.key_prefix}{{{old.id}}}:*") == []
-        tenant_key = f"{store.key_prefix}t:acme:paths"
+        tenant_key = tenant_paths_key(store.key_prefix, "acme")
         assert await store.redis.hgetall(tenant_key) == {
             shared.encode(): f"{new.id}:{a_new.id}".encode()}
         (found,) = await store.paths.find("acme", [ROOT, shared])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.attention.dense import DenseAttention
 from engine.models import onednn
-from engine.models.loader import LoadedModel, _onednn_layer
+from engine.models.loader import LoadedModel, onednn_extend_layer
 from engine.models.weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="torch has no oneDNN")
@@ -51,7 +51,7 @@ def test_extends_on_onednn_weights_equal_dense(tiny: LoadedModel) -> None:
     w = dense.weights
     # max_rows 0: every forward is an extend (the decode layers are never used).
     packed = dense.with_packed(PackedWeights(tuple(w.layers), w.lm_head, max_rows=0,
-                                             extend_layers=tuple(_onednn_layer(layer)
+                                             extend_layers=tuple(onednn_extend_layer(layer)
                                                                  for layer in w.layers)))
     assert packed.weights_name == "dense decodes, onednn extends"
     ids = torch.randint(0, dense.config.vocab_size, (40,),
