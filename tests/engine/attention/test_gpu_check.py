@@ -25,4 +25,6 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert len(results["correctness"]) == 6 and all(r["ok"] for r in results["correctness"])
     assert {"decode_bw", "extend", "ttft", "decode"} <= results.keys()
     table = (tmp_path / "table.txt").read_text()
-    assert "ERROR" not in table and proc.stdout.rstrip().endswith(table.rstrip())
+    assert "ERROR" not in table and table.rstrip() in proc.stdout
+    tp = json.loads((tmp_path / "tp.json").read_text())  # --tp 2 (gloo on the CPU here)
+    assert tp["equal"] is True and proc.stdout.rstrip().endswith("at tp 2 (cpu)")
