@@ -186,19 +186,20 @@ class Admission:
 
     async def watch(self, events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
         """`events` of a turn, renewing the leases while they run and settling with the turn's
-        usage (a TurnEnded's engine result) once they end or are closed."""
-        usage = (0, 0)
+        usage (a TurnEnded's engine result) as soon as it is seen: a caller may stop reading at
+        the TurnEnded without closing the events; a turn that ends without one settles at
+        close with no usage."""
         renew = asyncio.get_running_loop().create_task(self._renew())
         try:
             async for event in events:
                 finished = getattr(event, "finished", None)
                 if finished is not None:
-                    usage = (finished.computed_len, finished.output_len)
+                    await self.settle(finished.computed_len, finished.output_len)
                 yield event
         finally:
             renew.cancel()
             await events.aclose()
-            await self.settle(*usage)
+            await self.settle()
 
     async def _renew(self) -> None:
         while not self.settled:

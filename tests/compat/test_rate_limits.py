@@ -154,7 +154,11 @@ def test_native_route_answers_429_rate_limit_error(live: Live) -> None:
         sid = http.post("/v1/sessions", json={}).json()["id"]
         body = {"messages": [{"role": "user", "content": "hi"}],
                 "generate": {"max_tokens": 2}}
-        assert http.post(f"/v1/sessions/{sid}/turns", json=body).status_code == 200
+        first = http.post(f"/v1/sessions/{sid}/turns", json=body)
+        assert first.status_code == 200
+        # settled from the turn's usage, though the route stops reading at its end
+        assert _window(live, f"key:{hash_key(key)}")["out"] == first.json()["usage"][
+            "output_tokens"]
         r = http.post(f"/v1/sessions/{sid}/turns", json=body)
         assert r.status_code == 429
         assert r.json()["error"]["type"] == "rate_limit_error"
