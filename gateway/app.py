@@ -37,7 +37,7 @@ from gateway.idempotency import IdempotencyStore
 from gateway.limits import RequestLimits
 from gateway.rate_limits import RateLimiter
 from gateway.rendering import TurnRenderer
-from gateway.routes import health, metrics, sessions
+from gateway.routes import browse, health, metrics, session_events, sessions, ui
 from gateway.settings import GatewaySettings
 from gateway.shared_streams import SharedStreams
 from gateway.store_supervisor import StoreSupervisor
@@ -140,7 +140,10 @@ def create_app(settings: GatewaySettings | None = None, *,
                   if route.tags else route.name)
     install_error_handlers(app)
     app.include_router(health.router)
+    app.include_router(browse.router)  # before `sessions`: GET /v1/sessions is the listing
     app.include_router(sessions.router)
+    app.include_router(session_events.router)
+    app.include_router(ui.router)
     app.include_router(metrics.router)
     for compat in (openai_routes, anthropic_routes, models_route, responses_routes,
                    conversations_routes):

@@ -198,7 +198,13 @@ def reply_turn(done: Finished, parser: ToolCallParser | None) -> NewTurn:
         message["tool_calls"] = calls
     finish_reason = "tool_calls" if calls and done.finish_reason == "stop" else (
         done.finish_reason)
+    timings = done.timings
     usage = {"input_tokens": done.prompt_len, "cached_tokens": done.cached_len,
-             "computed_tokens": done.computed_len, "output_tokens": done.output_len}
+             "computed_tokens": done.computed_len, "output_tokens": done.output_len,
+             # What the session-tree view shows per turn (`gateway.tree_views`).
+             "ttft_ms": round(timings.ttft_s * 1000, 2),
+             "queue_ms": round(timings.queue_s * 1000, 2),
+             "decode_ms": round(timings.decode_s * 1000, 2),
+             "drafted_tokens": done.num_drafted, "accepted_tokens": done.num_accepted}
     return NewTurn(role="assistant", token_ids=token_ids, usage=usage, messages=[message],
                    tool_calls=calls, finish_reason=finish_reason, worker=done.worker_id or None)

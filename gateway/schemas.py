@@ -134,10 +134,19 @@ class AppendTurnRequest(_Strict):
 
 
 class Usage(BaseModel):
+    """A generated turn's tokens, and (turns stored since the timings were kept) the engine's
+    timings and drafting: ms from arrival to the first token, queued, and decoding."""
+
     input_tokens: int
     cached_tokens: int
     computed_tokens: int
     output_tokens: int
+    ttft_ms: float | None = None
+    queue_ms: float | None = None
+    decode_ms: float | None = None
+    decode_tokens_per_s: float | None = None  # tokens after the first over decode_ms
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
 
 
 class TurnView(BaseModel):

@@ -228,6 +228,8 @@ async def _serve(settings: GatewaySettings, engine_args: list[str], num_workers:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                                 lifespan="on")
         server = uvicorn.Server(config)
+        print(f"radixgate serve: sessions in the browser at http://{settings.host}:"
+              f"{settings.port}/ui", file=sys.stderr, flush=True)
         await server.serve()
         if not server.started:  # the lifespan failed (uvicorn logged why, e.g. a ConfigError)
             raise ServeError("the gateway did not start; see the error above")

@@ -11,23 +11,30 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 
 from gateway.errors import status_for
-from gateway.turns import TurnEnded, TurnEvent, TurnStarted
+from gateway.live_turns import LiveTurns
+from gateway.toolcall_parser import ToolCallDelta, ToolCallStart
+from gateway.turns import TextDelta, TurnEnded, TurnEvent, TurnStarted
 from observability import ChatSpan, GatewayMetrics, TurnOutcome
+from observability.turn_history import TurnHistory, TurnRecord
 
 TRACER_NAME = "radixgate.gateway"
 
 
 @dataclass(frozen=True)
 class Telemetry:
-    """The tracer and metrics of one app (built in its lifespan)."""
+    """The tracer and metrics of one app (built in its lifespan), the last hour of finished
+    turns (the overview page) and the generation events of running turns (event streams)."""
 
     tracer: trace.Tracer
     metrics: GatewayMetrics
+    history: TurnHistory = field(default_factory=TurnHistory)
+    live: LiveTurns = field(default_factory=LiveTurns)
 
     @classmethod
     def create(cls, tracer_provider: trace.TracerProvider) -> Telemetry:
@@ -57,12 +64,43 @@ def outcome_of(started: TurnStarted | None, ended: TurnEnded) -> TurnOutcome:
         num_accepted=done.num_accepted if done else 0)
 
 
+def record_of(outcome: TurnOutcome, ended: TurnEnded) -> TurnRecord:
+    generated = outcome.output_tokens > 0 or outcome.has_stop_token
+    return TurnRecord(finished_ms=outcome.finished_ns // 1_000_000,
+                      worker=ended.turn.worker or "",
+                      ttft_ms=outcome.ttft_s * 1000 if generated else None,
+                      input_tokens=outcome.input_tokens, cached_tokens=outcome.cached_tokens,
+                      output_tokens=outcome.output_tokens)
+
+
+def live_event(event: TurnEvent, input_turn_id: str) -> dict[str, Any] | None:
+    """The event stream's view of a turn event while it generates (None: nothing to show).
+    Tool calls show as text: the name, then the arguments as they are written."""
+    text = None
+    if isinstance(event, TextDelta):
+        text = event.text
+    elif isinstance(event, ToolCallStart):
+        text = f"\n→ {event.name} "
+    elif isinstance(event, ToolCallDelta):
+        text = event.arguments
+    if not text:
+        return None
+    return {"type": "generation.delta", "input_turn_id": input_turn_id, "text": text}
+
+
+def _ended(live: LiveTurns, session_id: str, started: TurnStarted | None) -> None:
+    if started is not None:
+        live.publish(session_id, {"type": "generation.ended",
+                                  "input_turn_id": started.input_turn_id})
+
+
 async def traced_turn(telemetry: Telemetry, events: AsyncGenerator[TurnEvent, None], *,
                       model: str, session_id: str, max_tokens: int | None = None
                       ) -> AsyncGenerator[TurnEvent, None]:
     """`events`, unchanged. Closing this generator closes `events` (which aborts the engine
     request). Re-raises whatever `events` raises, after ending the span with that error."""
     chat = ChatSpan(telemetry.tracer, model, session_id, max_tokens=max_tokens)
+    live = telemetry.live
     started: TurnStarted | None = None
     try:
         async with aclosing(events):
@@ -71,10 +109,20 @@ async def traced_turn(telemetry: Telemetry, events: AsyncGenerator[TurnEvent, No
                     started = event
                     chat.set_model(event.model or model)
                     chat.turn_started(event.input_turn_id, event.parent_turn_id)
+                    live.publish(session_id, {"type": "generation.started",
+                                              "input_turn_id": event.input_turn_id,
+                                              "parent_turn_id": event.parent_turn_id})
                 elif isinstance(event, TurnEnded):
                     outcome = outcome_of(started, event)
                     chat.finish(outcome)
                     telemetry.metrics.observe_turn(outcome)
+                    telemetry.history.record(record_of(outcome, event))
+                    _ended(live, session_id, started)
+                    started = None  # the stream may be left unread from here (native route)
+                elif started is not None and live.watched(session_id):
+                    delta = live_event(event, started.input_turn_id)
+                    if delta is not None:
+                        live.publish(session_id, delta)
                 yield event
     except BaseException as exc:
         if not chat.is_ended:
@@ -87,5 +135,6 @@ async def traced_turn(telemetry: Telemetry, events: AsyncGenerator[TurnEvent, No
                 telemetry.metrics.observe_unfinished(reason)
         raise
     finally:
+        _ended(live, session_id, started)
         if not chat.is_ended:  # exhausted without TurnEnded: a bug upstream, not a success
             chat.fail("incomplete")

@@ -13,6 +13,7 @@ from gateway.errors import error_body, error_message, status_for
 from gateway.generation import TurnInterrupted, TurnResume
 from gateway.schemas import SessionView, TurnSummaryView, TurnView, Usage
 from gateway.toolcall_parser import ToolCallDelta, ToolCallEnd, ToolCallStart
+from gateway.tree_views import usage_view
 from gateway.turns import TextDelta, TurnEnded, TurnEvent, TurnStarted
 from sessions import Session, Turn, TurnSummary
 
@@ -28,7 +29,7 @@ def turn_view(turn: Turn, branch: str | None = None) -> TurnView:
     content = None
     if turn.role == "assistant" and turn.messages:
         content = turn.messages[0].get("content")
-    usage = Usage.model_validate(turn.usage) if turn.usage else None
+    usage = Usage.model_validate(usage_view(turn.usage)) if turn.usage else None
     return TurnView(id=turn.id, session_id=turn.session_id, parent_id=turn.parent_id,
                     role=turn.role, depth=turn.depth, version=turn.version,
                     created_ms=turn.created_ms, num_tokens=turn.num_tokens,

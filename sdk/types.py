@@ -54,10 +54,19 @@ class GenerateParams(TypedDict, total=False):
 
 
 class Usage(_Model):
+    """A generated turn's tokens and (turns stored since the server kept them) the engine's
+    timings in ms and its drafting."""
+
     input_tokens: int
     cached_tokens: int
     computed_tokens: int
     output_tokens: int
+    ttft_ms: float | None = None
+    queue_ms: float | None = None
+    decode_ms: float | None = None
+    decode_tokens_per_s: float | None = None
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
 
 
 class Turn(_Model):

@@ -16,6 +16,7 @@ from gateway.deps import (
     Services,
     ServicesDep,
     SessionStoreDep,
+    TelemetryDep,
     TenantDep,
     TurnServiceDep,
 )
@@ -90,12 +91,14 @@ async def get_session(session_id: str, tenant: TenantDep, store: SessionStoreDep
 
 @router.delete("/{session_id}", status_code=204, responses=_ERRORS)
 async def delete_session(session_id: str, tenant: TenantDep, store: SessionStoreDep,
-                         turns: TurnServiceDep, expected: ExpectedVersionDep) -> Response:
+                         turns: TurnServiceDep, expected: ExpectedVersionDep,
+                      telemetry: TelemetryDep) -> Response:
     if expected is not None:
         session = await store.get_session(session_id, tenant=tenant)
         if session.version != expected:
             raise VersionConflict(session_id, expected, session.version)
     await turns.delete(tenant, session_id)
+    telemetry.live.publish(session_id, {"type": "session.deleted"})  # its event streams end
     return Response(status_code=204)
 
 
