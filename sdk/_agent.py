@@ -16,6 +16,9 @@ from sdk.types import StreamEvent, Turn, TurnEnd, TurnStart
 
 StopReason = Literal["answered", "max_turns"]
 ToolChoice = str | Mapping[str, Any]  # "auto" | "required" | "none" | {"name": ...}
+# One tool choice for a run's first turn, or a sequence of them for its first turns in order
+# (None in it: the loop's tool choice).
+ToolChoicePlan = ToolChoice | Sequence[ToolChoice | None]
 DEFAULT_AGENT_NAME = "radixgate-agent"
 
 
@@ -100,6 +103,7 @@ class RunState:
     options: Mapping[str, Any]
     later_options: Mapping[str, Any]  # options of the turns that answer tool results
     max_turns: int
+    planned: tuple[Mapping[str, Any], ...] = ()  # options of the next turns, before later_options
     records: tuple[TurnRecord, ...] = ()
     result: AgentResult | None = None
     output_type: OutputType | None = None  # parses the answer into `AgentResult.output`
@@ -110,16 +114,27 @@ class RunState:
 
 
 def start_run(messages: MessagesInput, base: Mapping[str, Any], overrides: Mapping[str, Any], *,
-              first_tool_choice: ToolChoice | None, tool_choice: ToolChoice | None,
+              first_tool_choice: ToolChoicePlan | None, tool_choice: ToolChoice | None,
               max_turns: int, output_type: OutputType | None = None) -> RunState:
     """The state before a run's first append: `overrides` apply to every turn of the run,
-    `first_tool_choice` (else the loop's `tool_choice`) to the first turn only; with
-    `output_type` every turn asks for its `response_format`."""
+    `first_tool_choice` (else the loop's `tool_choice`) to the first turn only, or, a sequence,
+    to the first turns in order (turns past its end use the loop's); with `output_type` every
+    turn asks for its `response_format`."""
     if output_type is not None:
         base = {"response_format": output_type.response_format, **base}
-    return RunState(messages, turn_options(base, overrides, first_tool_choice or tool_choice),
-                    turn_options(base, overrides, tool_choice), max_turns,
-                    output_type=output_type)
+    plan = tool_choice_plan(first_tool_choice) or (None,)
+    options = [turn_options(base, overrides, choice or tool_choice) for choice in plan]
+    return RunState(messages, options[0], turn_options(base, overrides, tool_choice), max_turns,
+                    planned=tuple(options[1:]), output_type=output_type)
+
+
+def tool_choice_plan(choice: ToolChoicePlan | None) -> tuple[ToolChoice | None, ...]:
+    """`first_tool_choice` as one tool choice per turn (empty for None)."""
+    if choice is None:
+        return ()
+    if isinstance(choice, (str, Mapping)):
+        return (choice,)
+    return tuple(choice)
 
 
 def advance(state: RunState, turn: Turn, timing: StreamTiming, step: Step,
@@ -133,7 +148,9 @@ def advance(state: RunState, turn: Turn, timing: StreamTiming, step: Step,
             output = state.output_type.parse(turn.content or "")
         return replace(state, records=records,
                        result=AgentResult(turn, records, step.stop_reason, output))
-    return replace(state, messages=tool_messages(results), options=state.later_options,
+    options, planned = ((state.planned[0], state.planned[1:]) if state.planned
+                        else (state.later_options, ()))
+    return replace(state, messages=tool_messages(results), options=options, planned=planned,
                    records=records)
 
 

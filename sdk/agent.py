@@ -29,6 +29,7 @@ from sdk._agent import (
     RunState,
     StreamTiming,
     ToolChoice,
+    ToolChoicePlan,
     TurnRecord,
     advance,
     best_of_branches,
@@ -88,7 +89,7 @@ class _LoopBase:
         return turn_options(self.generate, overrides, self.tool_choice)
 
     def _start(self, message: MessagesInput, overrides: Mapping[str, Any],
-               tool_choice: ToolChoice | None) -> RunState:
+               tool_choice: ToolChoicePlan | None) -> RunState:
         return start_run(message, self.generate, overrides, first_tool_choice=tool_choice,
                          tool_choice=self.tool_choice, max_turns=self.max_turns,
                          output_type=self.output_type)
@@ -129,12 +130,14 @@ class AgentLoop(_LoopBase):
                                          tools=[t.to_openai() for t in table.values()])
         return cls(session, table.values(), **loop_options)
 
-    def run(self, message: MessagesInput, *, tool_choice: ToolChoice | None = None,
+    def run(self, message: MessagesInput, *, tool_choice: ToolChoicePlan | None = None,
             **generate: Any) -> AgentResult:
         """Append `message` to the loop's branch and loop until the model answers without tool
         calls or `max_turns` turns were generated. `generate` overrides the loop's options for
-        every turn of this run; `tool_choice` applies to the first turn only. Raises the SDK's
-        API errors; never raises for a tool (its error text goes back to the model)."""
+        every turn of this run; `tool_choice` applies to the first turn only, or, a list (e.g.
+        `[{"name": "read_file"}, "required", "none"]`), to the first turns in order; later turns
+        use the loop's. Raises the SDK's API errors; never raises for a tool (its error text goes
+        back to the model)."""
         state = self._start(message, generate, tool_choice)
         with workflow_span(self.name, self.session.id, tracer_provider=self.tracer_provider):
             while state.result is None:
@@ -231,7 +234,7 @@ class AsyncAgentLoop(_LoopBase):
                                                tools=[t.to_openai() for t in table.values()])
         return cls(session, table.values(), **loop_options)
 
-    async def run(self, message: MessagesInput, *, tool_choice: ToolChoice | None = None,
+    async def run(self, message: MessagesInput, *, tool_choice: ToolChoicePlan | None = None,
                   **generate: Any) -> AgentResult:
         """See `AgentLoop.run`."""
         state = self._start(message, generate, tool_choice)

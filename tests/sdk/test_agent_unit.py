@@ -125,6 +125,32 @@ def test_run_state_across_three_turns() -> None:
     assert all(r.ttft_s == 0.25 for r in result.turns)
 
 
+def test_run_state_follows_a_tool_choice_per_turn() -> None:
+    plan = [{"name": "word_count"}, "required", None]
+    state = start_run("go", {"max_tokens": 8}, {}, first_tool_choice=plan, tool_choice="none",
+                      max_turns=5)
+    asking = [make_turn(f"a{k}", tool_calls=[call(f"c{k}", "word_count", text="x")])
+              for k in range(4)]
+    sent_options = [state.options]
+    for turn in [*asking, make_turn("a4", content="done")]:
+        step = state.step(turn)
+        results = [run_tool(TOOLS, c, lambda: 0.0) for c in step.calls]
+        state = advance(state, turn, StreamTiming(started=0.0), step, results)
+        sent_options.append(state.options)
+    # turn 1 and 2 follow the plan, turn 3 (None in the plan) and later turns use the loop's
+    assert [o["tool_choice"] for o in sent_options[:5]] == [
+        {"name": "word_count"}, "required", "none", "none", "none"]
+    assert all(o["max_tokens"] == 8 for o in sent_options)
+    assert state.result is not None and state.result.stop_reason == "answered"
+    assert len(state.result.turns) == 5
+    # one choice (a str or a mapping) is for the first turn only, as before
+    for one in ("required", {"name": "word_count"}):
+        single = start_run("go", {}, {}, first_tool_choice=one, tool_choice=None, max_turns=2)
+        assert single.options == {"tool_choice": one} and single.planned == ()
+    assert start_run("go", {}, {}, first_tool_choice=[], tool_choice="auto",
+                     max_turns=2).options == {"tool_choice": "auto"}
+
+
 def test_run_state_stops_at_max_turns_without_running_the_last_calls() -> None:
     state = start_run([{"role": "user", "content": "go"}], {}, {}, first_tool_choice=None,
                       tool_choice="auto", max_turns=2)
