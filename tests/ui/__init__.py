@@ -1,0 +1,1 @@
+"""Browser tests of the /ui page (Playwright driving the system Chromium)."""
