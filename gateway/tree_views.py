@@ -1,6 +1,6 @@
 """Browse reads (`sessions.browse`) → the JSON the session-tree page draws.
 
-Contract (docs/ui-contract.md): a tree row carries its role, a one-line summary, tool call
+Contract (docs/ui.md): a tree row carries its role, a one-line summary, tool call
 names, the finish reason and, for a generated turn, its usage with the engine's timings and the
 decode rate derived from them.
 """

@@ -77,14 +77,14 @@ class UiReport:
         return path
 
 
-_REPORTS: list[UiReport] = []
+REPORTS = pytest.StashKey[list[UiReport]]()  # the run's reports, on its config
 
 
 @pytest.fixture(scope="session")
-def ui_report() -> Iterator[UiReport]:
+def ui_report(pytestconfig: pytest.Config) -> Iterator[UiReport]:
     SHOTS_DIR.mkdir(parents=True, exist_ok=True)
     report = UiReport(SHOTS_DIR)
-    _REPORTS.append(report)
+    pytestconfig.stash.setdefault(REPORTS, []).append(report)
     yield report
     if report.timings:
         (SHOTS_DIR / "timings.json").write_text(json.dumps(report.timings, indent=2) + "\n")
@@ -92,7 +92,7 @@ def ui_report() -> Iterator[UiReport]:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Where the screenshots are, and the timings measured (after the run, not captured)."""
-    for report in _REPORTS:
+    for report in terminalreporter.config.stash.get(REPORTS, []):
         terminalreporter.write_line(f"tests/ui: screenshots in {report.folder}: "
                                     f"{', '.join(sorted(report.files)) or '-'}")
         for name, value in report.timings.items():
