@@ -3,8 +3,10 @@
 import {el, fmtInt, fmtTime, shortId} from "./format.js";
 import {getJSON, del, enc, EventReader, isAbort} from "./api.js";
 import {setStatus, showError, renderNotFound} from "./status.js";
-import {TreeView, computeLayout} from "./tree.js";
+import {TreeView} from "./tree.js";
+import {computeLayout} from "./layout.js";
 import {TurnDetail} from "./turn.js";
+import {LiveStrip} from "./live.js";
 
 const PAGE = 2000;
 // The first page is smaller: it is drawn (data-ready) while the rest loads in pages of PAGE.
@@ -22,8 +24,6 @@ export class SessionPage {
     this.ctrl = new AbortController();
     this.refreshing = null;
     this.again = false;
-    this.gens = new Map(); // input turn id → {parent, text, done}
-    this.liveId = null;
     this.disposed = false;
     this.build();
   }
@@ -43,15 +43,11 @@ export class SessionPage {
       el("div", {class: "session-head-row"}, this.title, this.liveDot, delBtn), this.meta, this.branchBar, this.banner);
     this.treeEl = el("div", {id: "tree", class: "tree", tabindex: "0", dataset: {sessionId: this.sid},
       "aria-label": "Turn tree"});
-    this.liveText = el("pre", {id: "live-text"});
-    this.liveLabel = el("button", {type: "button", class: "live-label linklike"});
-    this.liveLabel.addEventListener("click", () => { const a = this.liveAnchor(); if (a) this.tree.reveal(a); });
-    this.liveBox = el("div", {class: "live-box", hidden: true}, this.liveLabel, this.liveText);
-    this.treeEl.append(this.liveBox);
     this.detailEl = el("aside", {class: "detail-panel", "aria-label": "Turn detail"});
     this.view.replaceChildren(el("div", {class: "session-page"}, head,
       el("div", {class: "session-body"}, el("div", {class: "tree-panel"}, this.treeEl), this.detailEl)));
     this.tree = new TreeView(this.treeEl, {sessionId: this.sid});
+    this.live = new LiveStrip(this.treeEl, this.tree, (id) => this.byId.get(id) || null);
     this.treeEl.addEventListener("keydown", (e) => {
       const step = {ArrowDown: 1, ArrowUp: -1, j: 1, k: -1}[e.key];
       if (!step || e.altKey || e.ctrlKey || e.metaKey) return;
@@ -69,7 +65,7 @@ export class SessionPage {
     if (this.events) this.events.close();
     this.tree.destroy();
     this.detail.dispose();
-    clearTimeout(this.liveTimer);
+    this.live.dispose();
   }
 
   async start(tid) {
@@ -126,15 +122,10 @@ export class SessionPage {
     this.treeEl.dataset.numTurns = String(this.total);
     const layout = computeLayout(this.turns);
     this.tree.update(this.turns, layout, s.branches, s.default_branch);
-    // A generation whose reply is in the tree is over, even if its "ended" event went missing.
-    for (const [id, g] of this.gens) {
-      const i = layout.index.get(id);
-      if (!g.done && i !== undefined && layout.kids[i]) this.genEnd({input_turn_id: id});
-    }
     this.tree.setSelected(this.selected);
     this.renderHead();
     this.detail.setBranches(s.branches, s.default_branch);
-    this.updateLive();
+    this.live.settle(layout);
   }
 
   renderHead() {
@@ -216,67 +207,12 @@ export class SessionPage {
       case "branch.moved":
         if (!stale) this.refresh();
         break;
-      case "generation.started": this.genStart(data); break;
-      case "generation.delta": this.genDelta(data); break;
-      case "generation.ended": this.genEnd(data); break;
+      case "generation.started":
+      case "generation.delta":
+      case "generation.ended": this.live.onEvent(type, data); break;
       case "session.deleted": this.markDeleted(); break;
       default: break; // session.created, error (the reader reconnects), future types
     }
-  }
-
-  genStart(d) {
-    this.gens.set(d.input_turn_id, {parent: d.parent_turn_id, text: "", done: false});
-    this.liveId = d.input_turn_id;
-    this.liveText.textContent = "";
-    this.updateLive();
-  }
-
-  genDelta(d) {
-    let g = this.gens.get(d.input_turn_id);
-    if (!g) { g = {parent: null, text: "", done: false}; this.gens.set(d.input_turn_id, g); }
-    g.text += d.text || "";
-    if (!this.liveId || this.gens.get(this.liveId)?.done) { this.liveId = d.input_turn_id; this.liveText.textContent = g.text; }
-    else if (this.liveId === d.input_turn_id) this.liveText.append(d.text || "");
-    this.updateLive();
-  }
-
-  genEnd(d) {
-    const g = this.gens.get(d.input_turn_id);
-    if (g) g.done = true;
-    clearTimeout(this.liveTimer);
-    this.liveTimer = setTimeout(() => {
-      for (const [id, gen] of this.gens) if (gen.done) this.gens.delete(id);
-      const next = [...this.gens.keys()].pop() || null;
-      this.liveId = next;
-      this.liveText.textContent = next ? this.gens.get(next).text : "";
-      this.updateLive();
-    }, 1500);
-    this.updateLive();
-  }
-
-  liveAnchor() {
-    const id = this.liveId;
-    if (!id) return null;
-    if (this.byId.has(id)) return id;
-    const parent = this.gens.get(id)?.parent;
-    return parent && this.byId.has(parent) ? parent : null;
-  }
-
-  updateLive() {
-    const id = this.liveId;
-    const g = id ? this.gens.get(id) : null;
-    this.liveBox.hidden = !g;
-    if (!g) {
-      this.liveText.removeAttribute("data-input-turn-id");
-      this.tree.setGenerating(null);
-      return;
-    }
-    this.liveText.dataset.inputTurnId = id;
-    this.liveBox.classList.toggle("done", g.done);
-    const anchor = this.liveAnchor();
-    const t = anchor ? this.byId.get(anchor) : null;
-    this.liveLabel.textContent = `${g.done ? "generated" : "generating"} after ${t ? `${t.role} turn ${shortId(anchor)}` : `turn ${shortId(id)}`}:`;
-    this.tree.setGenerating(g.done ? null : anchor);
   }
 
   markDeleted() {
