@@ -19,6 +19,15 @@ from tests.compat.test_rate_limits import (  # noqa: F401
     test_tokens_are_settled_from_the_turns_usage,
 )
 from tests.compat.test_responses_store import test_retention_is_bounded  # noqa: F401
+from tests.gateway.test_browse_api import (  # noqa: F401
+    test_another_tenant_sees_none_of_it,
+    test_listing_is_newest_first_searchable_and_paged,
+    test_tree_pages_carry_usage_timings_and_match_the_session,
+)
+from tests.gateway.test_session_events import (  # noqa: F401
+    base_url,
+    test_event_stream_replays_then_streams_generation_and_ends_on_delete,
+)
 from tests.gateway.test_sessions_api import (  # noqa: F401
     test_create_append_get_fork_rewind_delete,
     test_health_and_openapi,
