@@ -48,7 +48,7 @@ from gateway.output_parser import parser_for
 from gateway.rendering import TurnRenderer
 from gateway.response_format import format_note, normalize_response_format
 from gateway.schemas import AppendTurnRequest, GenerateOptions
-from gateway.shedding import check_queue
+from gateway.shedding import Shedder
 from gateway.store_retry import through_store_outage
 from gateway.tool_prompt import ToolDef
 from gateway.toolcall_parser import TextDelta as TextDelta
@@ -100,7 +100,7 @@ class TurnService:
         self.max_tokens_limit = max_tokens_limit
         self.model_id = model_id  # the served model: part of the engine cache's namespace
         self.shared_prefix = shared_prefix or SharedPrefix()  # gateway.cache_scope
-        self.max_queue_wait_s = max_queue_wait_s  # load shedding's bound (`gateway.shedding`)
+        self.shedder = Shedder(max_queue_wait_s)  # load shedding (`gateway.shedding`)
         self.toolsets = Toolsets()
         self.leases = LeaseKeeper(store)
 
@@ -156,9 +156,9 @@ class TurnService:
             route = await self.engine.route(parent.worker, lambda: _with(namespace, full_path()))
             # the parent's KV is where it was generated (or, unrecorded, maybe anywhere)
             ref = ref_of(parent) if parent.worker in (None, route.link.worker_id) else None
-            if self.max_queue_wait_s is not None and not progress.output_ids:
-                await check_queue(route, namespace, len(delta) if ref is not None else None,
-                                  full_path, self.max_queue_wait_s, reply_id, began_s)
+            predicted = None if progress.output_ids else await self.shedder.check(
+                route, namespace, len(delta) if ref is not None else None, full_path,
+                reply_id, began_s)
             spec = GenerationSpec(namespace, ref, delta, params, reply_id, session.id,
                                   constraint, full_path, self.shared_prefix)
             extend = await first_extend(spec, progress)
@@ -185,6 +185,7 @@ class TurnService:
                     async for event in stream:
                         if isinstance(event, Finished):
                             finished, finished_ns = event, time.time_ns()
+                            self.shedder.observe(route, predicted, began_s, event)
                         else:
                             yield event
                 assert finished is not None
