@@ -134,6 +134,12 @@ def error_body(error_type: str, message: str, request_id: str | None) -> dict[st
             "request_id": request_id}
 
 
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """A route's OpenAPI `responses` for these error statuses (bodies from `error_body`)."""
+    return {code: {"description": "error body {type: error, error: {type, message}, "
+                                  "request_id}"} for code in codes}
+
+
 Dialect = Literal["native", "openai", "anthropic"]
 _ANTHROPIC_TYPES: Mapping[int, str] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

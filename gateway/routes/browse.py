@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from gateway.deps import SessionStoreDep, TenantDep, TurnServiceDep
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, error_responses
 from gateway.tree_views import (
     CACHED_TAIL_CHARS,
     session_row_view,
@@ -19,10 +19,7 @@ from gateway.tree_views import (
 from sessions.browse import list_session_rows, tree_page
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"description": "error body {type: error, error: {type, message}, request_id}"}
-    for code in (400, 401, 404, 422, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 422, 503)
 MAX_TREE_PAGE = 2000
 
 

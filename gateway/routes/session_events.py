@@ -24,7 +24,13 @@ from fastapi.responses import StreamingResponse
 
 from gateway.deps import SessionStoreDep, TelemetryDep, TenantDep
 from gateway.error_catalog import kind_of
-from gateway.errors import InvalidRequest, error_body, error_message, status_for
+from gateway.errors import (
+    InvalidRequest,
+    error_body,
+    error_message,
+    error_responses,
+    status_for,
+)
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
 from gateway.live_turns import LiveTurns
 from gateway.views import SSE_HEADERS
@@ -62,32 +68,24 @@ def _frame(data: dict[str, Any], event_id: str | None = None) -> bytes:
 
 async def event_frames(store: SessionStore, live: LiveTurns, session_id: str, tenant: str,
                        after: str) -> AsyncGenerator[bytes, None]:
-    """The stored events after `after`, then stored and live events as they come."""
+    """The stored events after `after`, then stored and live events as they come. The replay
+    reads without blocking, page by page, and the live events wait until it has caught up."""
     with live.subscribe(session_id) as queue:  # before the replay: nothing falls between
         cursor = after
-        while True:
-            try:
-                events = await store.read_events(session_id, tenant=tenant, after=cursor,
-                                                 count=PAGE)
-            except SessionNotFound:
-                yield _frame(DELETED)
-                return
-            for event in events:
-                yield _frame(event_data(event), event.id)
-                cursor = event.id
-            if len(events) < PAGE:
-                break
+        replaying = True
         stored: asyncio.Task[list[SessionEvent]] | None = None
         spoken: asyncio.Task[dict[str, Any]] | None = None
         try:
             while True:
                 if stored is None:
                     stored = asyncio.ensure_future(store.read_events(
-                        session_id, tenant=tenant, after=cursor, count=PAGE, block_ms=POLL_MS))
-                if spoken is None:
+                        session_id, tenant=tenant, after=cursor, count=PAGE,
+                        block_ms=None if replaying else POLL_MS))
+                if spoken is None and not replaying:
                     spoken = asyncio.ensure_future(queue.get())
-                await asyncio.wait({stored, spoken}, return_when=asyncio.FIRST_COMPLETED)
-                if spoken.done():
+                await asyncio.wait([t for t in (stored, spoken) if t is not None],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if spoken is not None and spoken.done():
                     data, spoken = spoken.result(), None
                     yield _frame(data)
                     if data == DELETED:
@@ -105,6 +103,7 @@ async def event_frames(store: SessionStore, live: LiveTurns, session_id: str, te
                     for event in events:
                         yield _frame(event_data(event), event.id)
                         cursor = event.id
+                    replaying = replaying and len(events) == PAGE
         finally:
             pending: list[asyncio.Future[Any]] = [t for t in (stored, spoken)
                                                   if t is not None and not t.done()]
@@ -116,7 +115,7 @@ async def event_frames(store: SessionStore, live: LiveTurns, session_id: str, te
 
 @router.get("/{session_id}/events", response_class=StreamingResponse, responses={
     200: {"content": {"text/event-stream": {}}},
-    **{code: {"description": "error body"} for code in (400, 401, 404, 503)}})
+    **error_responses(400, 401, 404, 503)})
 async def session_events(session_id: str, request: Request, tenant: TenantDep,
                          store: SessionStoreDep, telemetry: TelemetryDep,
                          last_event_id: Annotated[str | None, Header()] = None,

@@ -20,7 +20,7 @@ from gateway.deps import (
     TenantDep,
     TurnServiceDep,
 )
-from gateway.errors import InFlight, InvalidRequest, request_id_of
+from gateway.errors import InFlight, InvalidRequest, error_responses, request_id_of
 from gateway.generation import TurnResume
 from gateway.idempotency import Claim, IdempotencyStore, Replay, request_hash
 from gateway.keepalive import SSE_COMMENT_PING, keepalive
@@ -43,10 +43,7 @@ from gateway.views import SSE_HEADERS, replayed_stream, session_view, sse_stream
 from sessions import Session, VersionConflict
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"description": "error body {type: error, error: {type, message}, request_id}"}
-    for code in (400, 401, 404, 409, 412, 413, 422, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 412, 413, 422, 503)
 
 
 async def _once(idem: IdempotencyStore, tenant: str, key: str | None, request: Request,
