@@ -50,6 +50,3 @@ class LiveTurns:
                 queue.put_nowait(event)
             except asyncio.QueueFull:
                 pass
-
-    def num_readers(self) -> int:
-        return sum(len(r) for r in self._readers.values())

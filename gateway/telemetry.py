@@ -65,10 +65,9 @@ def outcome_of(started: TurnStarted | None, ended: TurnEnded) -> TurnOutcome:
 
 
 def record_of(outcome: TurnOutcome, ended: TurnEnded) -> TurnRecord:
-    generated = outcome.output_tokens > 0 or outcome.has_stop_token
     return TurnRecord(finished_ms=outcome.finished_ns // 1_000_000,
                       worker=ended.turn.worker or "",
-                      ttft_ms=outcome.ttft_s * 1000 if generated else None,
+                      ttft_ms=outcome.ttft_s * 1000 if outcome.has_ttft else None,
                       input_tokens=outcome.input_tokens, cached_tokens=outcome.cached_tokens,
                       output_tokens=outcome.output_tokens)
 

@@ -156,7 +156,7 @@ class GatewayMetrics:
         self.e2e.observe(outcome.queue_s + outcome.prefill_s + outcome.decode_s)
         if outcome.finish_reason == "abort":
             return  # latency of an aborted request says nothing about serving speed
-        if outcome.output_tokens or outcome.has_stop_token:
+        if outcome.has_ttft:
             self.ttft.observe(outcome.ttft_s)
         itl = outcome.inter_token_s
         if itl is not None:

@@ -47,6 +47,12 @@ class TurnOutcome:
     num_accepted: int = 0
 
     @property
+    def has_ttft(self) -> bool:
+        """Its TTFT says something about serving speed: a first token came (text or a stop
+        token) and the request was not aborted."""
+        return self.finish_reason != "abort" and (self.output_tokens > 0 or self.has_stop_token)
+
+    @property
     def num_decode_intervals(self) -> int:
         """Token-to-token gaps after the first token (the sampled stop token included)."""
         return max(self.output_tokens + int(self.has_stop_token) - 1, 0)
