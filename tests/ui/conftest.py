@@ -54,11 +54,8 @@ def browser(chromium_executable: str) -> Iterator[Any]:
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A real `serve` (embedded model and Valkey, open access) shared by the package's tests
     that do not need keys."""
-    server = LiveServer(tmp_path_factory.mktemp("ui-serve"))
-    try:
+    with LiveServer(tmp_path_factory.mktemp("ui-serve")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 class UiReport:

@@ -17,11 +17,8 @@ from tests.ui.conftest import OpenPage, UiReport
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path_factory.mktemp("ui-keys-serve"))
-    try:
+    with LiveServer(tmp_path_factory.mktemp("ui-keys-serve")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def create_key(server: LiveServer, tenant: str) -> str:

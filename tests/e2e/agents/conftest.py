@@ -17,11 +17,8 @@ from tests.e2e.agents.live_serve import LiveServer
 
 @pytest.fixture(scope="package")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path_factory.mktemp("serve-state"))
-    try:
+    with LiveServer(tmp_path_factory.mktemp("serve-state")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="package")

@@ -105,6 +105,12 @@ class LiveServer:
                 tool_calls=list(turn.get("tool_calls") or [])))
         return out
 
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """SIGTERM, then no child left behind (SIGKILL for any that outlived serve)."""
         try:

@@ -47,12 +47,9 @@ BUDGET_S = 900.0  # the first request prefills Claude Code's whole prompt on 2 C
 
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path_factory.mktemp("serve-gemma"), "--model", "gemma3-270m",
-                        "--max-context", "32768", "--threads", "2")
-    try:
+    with LiveServer(tmp_path_factory.mktemp("serve-gemma"), "--model", "gemma3-270m",
+                    "--max-context", "32768", "--threads", "2") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_claude_code_default_prompt_reads_the_cache(gemma_server: LiveServer,
