@@ -20,6 +20,13 @@ from gateway.worker import free_port
 READY_TIMEOUT_S = 180.0
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without RADIXGATE_ settings (the embedded store, no stray key), but
+    the model one ($RADIXGATE_MODEL: the test suite's fast model, a benchmark's choice)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("RADIXGATE_") or k == "RADIXGATE_MODEL"}
+
+
 class ServeProcess:
     """Start with `ServeProcess.start(state_dir, *flags)`; `stop()` always, in a `finally`."""
 
@@ -38,8 +45,7 @@ class ServeProcess:
         port = free_port()
         log_path = state_dir / f"serve-{port}.log"
         state_dir.mkdir(parents=True, exist_ok=True)
-        base_env = {k: v for k, v in os.environ.items()
-                    if not k.startswith("RADIXGATE_")}  # the embedded store, no stray key
+        base_env = _clean_env()
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
@@ -83,7 +89,7 @@ class ServeProcess:
 
     def radixgate(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another `radixgate` command against this server's state dir."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXGATE_")}
+        env = _clean_env()
         return subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env,
                               capture_output=True, text=True, timeout=120)
 
