@@ -1,13 +1,15 @@
 """`--deterministic`: every forward takes the path a decode takes, so the logits of a token do
 not depend on how its prefix was computed (cached, recomputed, chunked, batched, drafted).
 
-The default CPU mode computes decodes and prefill chunks differently, each at its fastest: the
-GGUF codes kernel against oneDNN GEMMs for the projections, the C attention kernel against
-torch's flash GEMMs, and their summation orders depend on how many rows came together. So the
-KV of a reply computed by decoding differs in its last bits from the same KV recomputed by a
-prefill, and a near-tie can flip a later token. Here every row goes through the decode path:
-the codes kernel (per row, one summation order), the C row ops, and the C attention kernel
-(`InvariantCpuAttention`). Prefill is slower; decode is unchanged.
+The default CPU mode computes decodes and prefill chunks differently for the projections, each
+at its fastest: the GGUF codes kernel against oneDNN GEMMs, whose summation order depends on
+how many rows came together. So the KV of a reply computed by decoding differs in its last bits
+from the same KV recomputed by a prefill, and a near-tie can flip a later token. Here every row
+goes through the decode path: the codes kernel (per row, one summation order) and the C row
+ops. Attention is already invariant in the default "cpu" backend where that costs at most 5%
+(csrc/row_math.h, cpu_extend.extend_choice); `InvariantCpuAttention` makes it so everywhere
+(also with AMX tiles for a bf16 pool and on builds without AVX2). Prefill is slower; decode is
+unchanged.
 """
 
 from __future__ import annotations

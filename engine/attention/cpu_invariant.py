@@ -1,22 +1,25 @@
-"""The CPU kernel for every row: attention whose bits for a row do not depend on the batch.
+"""The attention of `--deterministic`: the "cpu" backend with every long extend on the C extend
+kernel, whatever `cpu_extend.extend_choice` picks for speed. Both C kernels compute a row as
+csrc/row_math.h says (its keys in splits and tiles on a grid of absolute positions, merged in a
+fixed order, the same sums in the same order), so every row gets the bits a decode at its
+position gives it, whatever else shares the step. The "cpu" backend itself does the same where
+that costs at most 5%; this one also where it costs more: a bf16 pool on Xeons with AMX tiles,
+builds without AVX2.
 
-`CpuPagedAttention` sends decodes and verifications (at most 16 rows of a sequence) to the C
-kernel and longer extends to torch's flash GEMMs, whose tiling depends on how many rows came
-together. Here a long extend is cut into pieces of at most 16 rows, each a sequence of its own
-for the kernel (the same pages, its context ending at the piece's last row), so every row is
-computed as a decode at its position would be: its keys in tiles and splits on a grid of
-absolute positions, merged in a fixed order, whatever else shares the step. It is the attention
-of `--deterministic`; slower for long prefills, where the flash GEMMs reuse each key across
-many rows.
+Where the C extend kernel cannot take the layer (not built, or head_dim not a multiple of 8), a
+long extend is cut into pieces of at most 16 rows instead, each a sequence of its own for the
+decode kernel (the same pages, its context ending at the piece's last row): the same bits,
+slower for long prefills.
 
 A draft tree's sequence (`PagedBatch.tree_masks`, at most 63 rows) is never cut: a later piece
-would see the earlier pieces' rows as its prefix, not through the mask. It goes to the kernel
-whole, where each row's bits depend only on its own mask and position, not on the batch.
+would see the earlier pieces' rows as its prefix, not through the mask. It goes to the decode
+kernel whole, where each row's bits depend only on its own mask and position.
 """
 
 from __future__ import annotations
 
 from engine.attention.base import PagedBatch
+from engine.attention.cpu_extend import c_kernel_takes
 from engine.attention.cpu_paged import CpuPagedAttention
 from engine.kv_pool import KVPool
 
@@ -46,7 +49,10 @@ def _pieces(batch: PagedBatch, max_rows: int) -> PagedBatch:
 
 class InvariantCpuAttention(CpuPagedAttention):
     name = "cpu_invariant"
+    extend_path = "c"
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None:
-        super().__init__(pool, _pieces(batch, self.max_kernel_rows))
-        assert not self.long_items
+        if not c_kernel_takes(pool.k[0].shape[-1]):
+            batch = _pieces(batch, self.max_kernel_rows)
+        super().__init__(pool, batch)
+        assert not self.long_items or self.extend_index is not None

@@ -1,9 +1,13 @@
 """The "cpu" attention backend: decode and draft-verification rows attend straight from the
 paged pool in one C/OpenMP kernel (csrc/paged_cpu.c), so a step reads each sequence's K/V once;
-longer extends (prefill chunks) run the C extend kernel (csrc/extend_cpu.c) where
-`cpu_extend.extend_choice` measured it faster, else the fused flash path of the "torch" backend.
-A draft tree's rows (`PagedBatch.tree_masks`, at most 63) always go to the paged kernel, the one
-path here that reads a mask, whatever `max_kernel_rows` says.
+longer extends (prefill chunks) run the C extend kernel (csrc/extend_cpu.c), or where
+`cpu_extend.extend_choice` says it costs more than 5%, AMX tiles or the fused flash path of the
+"torch" backend. A draft tree's rows (`PagedBatch.tree_masks`, at most 63) always go to the
+paged kernel, the one path here that reads a mask, whatever `max_kernel_rows` says.
+
+Both C kernels compute a row as csrc/row_math.h says, so where long extends take the C kernel
+("c") a row's attention has a decode's bits in a verification or a tree (a chain mask is the
+causal row) and inside an extend of any length and chunking, beside any other sequences.
 
 The kernel is built by pip with the package (setup.py); where it was not (no C compiler),
 `kernel()` is None, "auto" picks "torch" and asking for "cpu" by name is a clear error.
@@ -80,7 +84,8 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
     window. Row t of its sequence's T sees every position < context_len - T and the step's row
     j (position context_len - T + j) iff bit j of its entry is set; bits above t are never
     read. An entry 0 is a causal row; a chain mask (2^(t + 1) - 1) gives the causal row's bits.
-    None: every row causal."""
+    None: every row causal. A row's bits (csrc/row_math.h) depend on no other row or sequence,
+    and `cpu_extend.paged_extend` with the same `split_len` gives it the same bits."""
     ext = require(kernel(), "paged_attention")
     num_heads, head_dim = q.shape[1], q.shape[2]
     if not _layout_checked:  # CpuPagedAttention checks a step's tensors once, not per layer
@@ -98,7 +103,7 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
         raise ValueError(f"paged_attention: scale must be finite, got {scale}")
     if window is None:
         window = 0  # the kernel's "no window"
-    elif isinstance(window, bool) or not isinstance(window, int):
+    elif type(window) is not int:
         raise TypeError(f"paged_attention: window must be an int, got {type(window).__name__}")
     elif window < 1:
         raise ValueError(f"paged_attention: window must be >= 1, got {window}")
@@ -107,8 +112,7 @@ def paged_attention(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
         if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32:
             raise TypeError("paged_attention: sinks must be a float32 tensor, got "
                             f"{getattr(sinks, 'dtype', type(sinks).__name__)}")
-        if (sinks.device.type != "cpu" or sinks.shape != (num_heads,)
-                or not sinks.is_contiguous()):
+        if sinks.device.type != "cpu" or sinks.shape != (num_heads,) or not sinks.is_contiguous():
             raise ValueError(f"paged_attention: sinks must be a contiguous CPU tensor of shape "
                              f"({num_heads},) (one per query head), got {tuple(sinks.shape)} on "
                              f"{sinks.device}{'' if sinks.is_contiguous() else ', strided'}")
@@ -169,13 +173,15 @@ def _check_layout(q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
 class CpuPagedAttention:
     name = "cpu"
     supports_tree_masks = True
-    # Sequences with at most this many rows in the step go to the kernel (decodes and draft
-    # verifications of up to 15 drafts); longer extends use the flash path's GEMMs. At 9 rows
-    # the kernel is 1.4-2.5x faster than the torch path at 1k-7.5k context (2 AVX2 cores,
-    # benchmarks/attention_speed.py).
+    # Sequences of at most this many rows in the step go to the kernel (decodes, verifications
+    # of up to 15 drafts), whose items split the context; longer extends to the extend kernel,
+    # whose items share each K/V tile across up to 64 tokens. On "c", speed only, not bits.
     max_kernel_rows = 16
+    # Where long extends go ("c": the C kernel, cpu_invariant's); None: `extend_choice` says.
+    extend_path: str | None = None
     # Context positions per work item: enough items to keep every thread busy at batch 1
-    # (Hkv * context / split_len), few enough that merging them costs little.
+    # (Hkv * context / split_len), few enough that merging them costs little. Part of a row's
+    # arithmetic (csrc/row_math.h), so both kernels take it.
     split_len = 256
 
     def __init__(self, pool: KVPool, batch: PagedBatch) -> None:
@@ -198,9 +204,11 @@ class CpuPagedAttention:
         short = [i for i, n in enumerate(batch.extend_lens) if n <= max_rows or i in tree]
         self.long_items = [i for i, n in enumerate(batch.extend_lens)
                            if n > max_rows and i not in tree]
-        # The C extend kernel's index over the long sequences (None: torch's flash path).
-        self.extend_index: ExtendIndex | None = None
-        if self.long_items and extend_choice(layer.dtype, layer.shape[-1])[0]:
+        self.extend_index: ExtendIndex | None = None  # the C extend kernel's, or torch's
+        path = "torch" if not self.long_items else (
+            self.extend_path or extend_choice(layer.dtype, layer.shape[-1])[0])
+        self.extend_amx = path == "amx"
+        if path != "torch":
             self.extend_index = self._index(self.long_items)
         offsets = torch.arange(page_size)
         self.long_slots = {
@@ -262,7 +270,8 @@ class CpuPagedAttention:
             q32 = q if q.dtype == torch.float32 and _rows_of(q) >= 0 else q.float().contiguous()
             out32 = torch.empty(q.shape, dtype=torch.float32)
             paged_extend(q32, flat_k, flat_v, *self.extend_index, self.page_size, out32,
-                         scale=spec.scale, window=spec.window, sinks=spec.sinks)
+                         scale=spec.scale, window=spec.window, sinks=spec.sinks,
+                         split_len=self.split_len, amx=self.extend_amx)
             if self.short_rows is not None:
                 out32[self.short_rows] = self._kernel(spec, q32[self.short_rows], flat_k, flat_v)
             return out32 if q.dtype == torch.float32 else out32.to(q.dtype)

@@ -63,7 +63,7 @@ static void ex_pack_amx(const Item *it, int64_t d_len, const uint16_t *const *k,
         for (int64_t db = 0; db < d_len; db += 16) {
             __m512i r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(it->vp + (jb + i) * d_len + db);
-            ex_transpose16(r);
+            rg_transpose16(r);
             for (int i = 0; i < 16; i++)
                 _mm512_storeu_si512(it->vt + (db + i) * (KT / 2) + jb, r[i]);
         }
@@ -98,7 +98,10 @@ static void micro_block_amx(const Item *it, int64_t d_len, int64_t v0, int nv, i
         _tile_stored(1, s + 16 * MB * LANES, s_bytes);
         _tile_stored(2, s + 32 * MB * LANES, s_bytes);
         _tile_stored(3, s + 48 * MB * LANES, s_bytes);
-        corr[u] = ex_softmax(it, v0, u, p0, n, masked, 1);
+        __m512 top = _mm512_load_ps(it->m + (v0 + u) * LANES); /* ex_softmax's, unmasked */
+        for (int j = 0; j < n && !masked; j++)
+            top = _mm512_max_ps(top, _mm512_load_ps(s + j * MB * LANES));
+        corr[u] = ex_softmax(it, v0, u, p0, n, masked, 1, top);
     }
     int key_steps = (n + 31) / 32;
     ex_pack_p(it, nv, n, key_steps * 16);

@@ -55,7 +55,8 @@ static void ex_pack_v(const Item *it, int64_t d_len, const uint16_t *const *v, i
 static inline __attribute__((always_inline)) void ex_scores_bf16(const Item *it, int64_t d_len,
                                                                  int64_t v0, const int NV,
                                                                  const uint16_t *const *k,
-                                                                 int j0, const int NK) {
+                                                                 int j0, const int NK,
+                                                                 __m512 *top) {
     __m512 acc[JN][MB];
     const uint32_t *kj[JN];
     for (int i = 0; i < NK; i++) {
@@ -73,8 +74,10 @@ static inline __attribute__((always_inline)) void ex_scores_bf16(const Item *it,
         }
     }
     for (int i = 0; i < NK; i++)
-        for (int u = 0; u < NV; u++)
+        for (int u = 0; u < NV; u++) {
             _mm512_store_ps(it->s + (j0 + i) * MB * LANES + u * LANES, acc[i][u]);
+            top[u] = _mm512_max_ps(top[u], acc[i][u]);
+        }
 }
 
 /* sb[jp][u] = the weights of positions 2 jp and 2 jp + 1 of vector v0 + u as bf16 pairs, for
@@ -98,32 +101,44 @@ static void ex_pack_p(const Item *it, int nv, int n, int num_pairs) {
 }
 
 /* acc^T rows of vectors v0 + u = acc * corr[u] + sum_j s[j][u] v[j] on pairs of positions:
- * the weights are interleaved into pairs once (sb), then eight dims at a time. */
+ * the weights are interleaved into pairs once (sb), then eight dims at a time; acc as 0 in the
+ * split's first tile, merged into O in its last (as ex_output). */
 static inline __attribute__((always_inline)) void ex_output_bf16(const Item *it, int64_t d_len,
                                                                  int64_t v0, const int NV,
-                                                                 const __m512 *corr, int n) {
+                                                                 const __m512 *corr,
+                                                                 const __m512 *a,
+                                                                 const __m512 *b, int n,
+                                                                 const int first,
+                                                                 const int last) {
     int num_pairs = (n + 1) / 2;
     ex_pack_p(it, NV, n, num_pairs);
-    float *acc = it->acc + v0 * LANES;
+    float *acc = it->acc + v0 * LANES, *big = it->big_o + v0 * LANES;
     for (int64_t d0 = 0; d0 < d_len; d0 += DN) {
         __m512 o[DN][MB];
         for (int i = 0; i < DN; i++)
             for (int u = 0; u < NV; u++)
-                o[i][u] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * it->stride + u * LANES),
-                                        corr[u]);
+                o[i][u] = first ? _mm512_setzero_ps()
+                                    : _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * it->stride
+                                                                   + u * LANES), corr[u]);
         for (int jp = 0; jp < num_pairs; jp++) {
             __m512bh p[MB];
             for (int u = 0; u < NV; u++)
                 p[u] = (__m512bh)_mm512_load_si512(it->sb + (jp * MB + u) * LANES);
             const uint32_t *vj = it->vp + jp * d_len + d0;
             for (int i = 0; i < DN; i++) {
-                __m512bh b = ex_bcast_pair(vj + i);
-                for (int u = 0; u < NV; u++) o[i][u] = _mm512_dpbf16_ps(o[i][u], p[u], b);
+                __m512bh bv = ex_bcast_pair(vj + i);
+                for (int u = 0; u < NV; u++) o[i][u] = _mm512_dpbf16_ps(o[i][u], p[u], bv);
             }
         }
         for (int i = 0; i < DN; i++)
-            for (int u = 0; u < NV; u++)
-                _mm512_store_ps(acc + (d0 + i) * it->stride + u * LANES, o[i][u]);
+            for (int u = 0; u < NV; u++) {
+                int64_t at = (d0 + i) * it->stride + u * LANES;
+                if (last)
+                    _mm512_store_ps(big + at, _mm512_fmadd_ps(o[i][u], b[u],
+                                                              _mm512_mul_ps(_mm512_load_ps(big + at), a[u])));
+                else
+                    _mm512_store_ps(acc + at, o[i][u]);
+            }
     }
 }
 
@@ -131,12 +146,17 @@ static inline __attribute__((always_inline)) void ex_block_bf16(const Item *it, 
                                                                 int64_t v0, const int NV,
                                                                 const uint16_t *const *k,
                                                                 int64_t p0, int n, int masked) {
+    __m512 top[MB];
+    for (int u = 0; u < NV; u++) top[u] = _mm512_load_ps(it->m + (v0 + u) * LANES);
     int j = 0;
-    for (; j + JN <= n; j += JN) ex_scores_bf16(it, d_len, v0, NV, k, j, JN);
-    for (; j < n; j++) ex_scores_bf16(it, d_len, v0, NV, k, j, 1);
-    __m512 corr[MB];
-    for (int u = 0; u < NV; u++) corr[u] = ex_softmax(it, v0, u, p0, n, masked, 1);
-    ex_output_bf16(it, d_len, v0, NV, corr, n);
+    for (; j + JN <= n; j += JN) ex_scores_bf16(it, d_len, v0, NV, k, j, JN, top);
+    for (; j < n; j++) ex_scores_bf16(it, d_len, v0, NV, k, j, 1, top);
+    __m512 corr[MB], a[MB] = {0}, b[MB] = {0};
+    ex_weights(it, v0, NV, p0, n, masked, 1, top, corr, a, b);
+#define OUT(F, L) ex_output_bf16(it, d_len, v0, NV, corr, a, b, n, F, L)
+    if (it->first) { if (it->last) OUT(1, 1); else OUT(1, 0); }
+    else { if (it->last) OUT(0, 1); else OUT(0, 0); }
+#undef OUT
 }
 
 static void micro_block_bf16(const Item *it, int64_t d_len, int64_t v0, int nv,

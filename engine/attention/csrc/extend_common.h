@@ -1,6 +1,7 @@
 /* What the extend attention kernel's parts share (extend_cpu.c, extend_avx512.h, extend_bf16.h,
  * extend_amx.h, extend_avx2.h): the call's arguments, a work item's buffers, the paged rows of a
- * tile of keys, and the portable micro-block the SIMD headers replace.
+ * tile of keys, and the portable micro-block the SIMD headers replace. A row's arithmetic is
+ * row_math.h's, which the decode kernel follows too.
  */
 #ifndef RADIXGATE_EXTEND_COMMON_H
 #define RADIXGATE_EXTEND_COMMON_H
@@ -9,13 +10,13 @@
 #include <stdint.h>
 #include <string.h>
 #include "paged_rows.h"
+#include "row_math.h"
 
-#define KT 64      /* keys per tile */
+#define KT TILE    /* keys per tile */
 #define LANES 16   /* query rows per vector */
 #define QB_MAX 64  /* tokens per work item, at most: more rows share each tile's K/V packing */
 #define QB_MIN 16
 #define MB 2       /* vectors of rows a micro-block takes through a tile */
-#define LOG2E 1.4426950408889634f
 
 typedef struct {
     const void *k, *v;    /* a layer of the pool: (num_slots, num_kv_heads, head_dim) */
@@ -25,17 +26,21 @@ typedef struct {
     const int64_t *pages; /* page ids of all sequences, concatenated */
     const int64_t *page_starts, *context_lens, *row_starts, *extend_lens; /* per sequence */
     int64_t num_seqs, num_heads, num_kv_heads, head_dim, page_size, q_stride, window;
+    int64_t split_len;    /* positions per split (row_math.h step 2) */
     float scale;
     const float *sinks;   /* (num_heads,) logits that join the softmax with no value, or NULL */
+    int amx;              /* 1: a bf16 pool may take AMX tiles (faster, not row_math.h's bits) */
 } Args;
 
 /* One work item's buffers and rows: num_vec vectors of LANES rows, row r = token * group + g
  * (padding rows repeat the last real one and are never written). */
 typedef struct {
     int64_t num_vec, stride;  /* stride = num_vec * LANES floats between dims of qt and acc */
+    int64_t num_rows;         /* the real rows, num_tok * group */
     int32_t *pos, *lo;        /* per row: its position and the first it sees */
-    float *qt, *acc;          /* (head_dim, stride): q^T scaled, the unnormalised out^T */
-    float *m, *l;             /* (stride): running max and sum, log2 units */
+    float *qt, *acc;          /* (head_dim, stride): q^T scaled, a split's unnormalised out^T */
+    float *m, *l;             /* (stride): a split's running max and sum, log2 units */
+    float *big_m, *big_l, *big_o; /* the splits merged so far: M, L (stride), O (head_dim, stride) */
     float *kbuf, *vbuf;       /* (KT, head_dim) fp32: a bf16 pool's tile widened */
     float *s;                 /* (KT, MB * LANES): a micro-block's scores, then weights */
     uint32_t *qtb, *vp, *sb;  /* bf16 pairs (extend_avx512.h's bf16 path): q^T, V, weights */
@@ -44,6 +49,8 @@ typedef struct {
     float *ob;                /* (64, LANES): out^T of a tile's 64 dims (AMX) */
     float *zero;              /* (head_dim): the row of positions a tile does not read */
     int amx;                  /* 1: a bf16 pool's tiles go through extend_amx.h */
+    int first, last;          /* the tile is its split's first (acc not yet read: 0), its last
+                               * (the fused micro-blocks merge acc into O, not storing it) */
 } Item;
 
 /* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
@@ -79,36 +86,22 @@ static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64
     }
 }
 
-/* The portable micro-block: the same steps as extend_avx512.h's, one lane at a time. */
-static __attribute__((unused)) void micro_block_portable(
-    const Item *it, int64_t d_len, int64_t v0, int nv, const float *const *k,
-    const float *const *v, int64_t p0, int n, int masked) {
-    float corr[MB * LANES];
+#if RG_VL == 1
+/* The portable micro-block: row_math.h's plain-C row, one lane at a time. */
+static void micro_block(const Item *it, int64_t d_len, int64_t v0, int nv, const float *const *k,
+                        const float *const *v, int64_t p0, int n, int masked) {
+    (void)masked;
     for (int r = 0; r < nv * LANES; r++) {
         int64_t row = v0 * LANES + r;
-        float top = it->m[row];
-        for (int j = 0; j < n; j++) {
-            float x = 0.0f;
-            for (int64_t d = 0; d < d_len; d++) x += it->qt[d * it->stride + row] * k[j][d];
-            if (masked && (p0 + j > it->pos[row] || p0 + j < it->lo[row])) x = -INFINITY;
-            it->s[j * MB * LANES + r] = x;
-            top = x > top ? x : top;
-        }
-        float safe = top == -INFINITY ? 0.0f : top, sum = 0.0f;
-        corr[r] = exp2f(it->m[row] - safe);
-        for (int j = 0; j < n; j++) {
-            float p = exp2f(it->s[j * MB * LANES + r] - safe);
-            it->s[j * MB * LANES + r] = p;
-            sum += p;
-        }
-        it->l[row] = it->l[row] * corr[r] + sum;
-        it->m[row] = top;
-        for (int64_t d = 0; d < d_len; d++) {
-            float x = it->acc[d * it->stride + row] * corr[r];
-            for (int j = 0; j < n; j++) x += it->s[j * MB * LANES + r] * v[j][d];
-            it->acc[d * it->stride + row] = x;
-        }
+        int64_t from = it->lo[row] - p0, to = it->pos[row] - p0 + 1; /* seen: [from, to) */
+        from = from < 0 ? 0 : from;
+        to = to > n ? n : to;
+        if (to <= from) continue;
+        uint64_t vis = (to >= 64 ? ~0ull : (1ull << to) - 1) & ~((1ull << from) - 1);
+        rg_row_tile(it->qt + row, it->stride, k, v, n, vis, d_len, it->m + row, it->l + row,
+                    it->acc + row, it->stride, it->s);
     }
 }
+#endif
 
 #endif

@@ -4,43 +4,43 @@
  * a context of C tokens whose K/V sit in pages of the pool; query row t, at position
  * p = C - T + t, sees positions [0, p], or (p - W, p] with a sliding window of W keys; under a
  * tree mask (a draft tree's verification, no window) it sees [0, C - T) and the step's row j,
- * at C - T + j, iff bit j of its mask, which compacts the tile positions it sees. Work
- * items are (sequence, KV head, split of the context): every K and V byte of a sequence is
- * read once per step, by one item, which scores all the query heads of its group and all T
- * rows against it while it is in L1 (flash decoding). Partial results merge by their running
- * max and sum; a query head's attention sink (a logit with no value) joins that merge. The
- * torch path it replaces gathered each sequence's K/V into a new tensor first (one more read
- * and one write of every byte).
+ * at C - T + j, iff bit j of its mask. Work items are (sequence, KV head, split of the
+ * context): every K and V byte of a sequence is read once per step, by one item, which scores
+ * all the query heads of its group and all T rows against it while it is in L1 (flash
+ * decoding). The torch path it replaces gathered each sequence's K/V into a new tensor first
+ * (one more read and one write of every byte).
+ *
+ * Each row follows row_math.h's arithmetic, which the extend kernel (extend_cpu.c) follows too:
+ * the splits are its splits, each item's tiles of TILE positions from the split's start; a
+ * tile's keys sit in the lanes of a vector (K^T built once per tile for all the item's rows);
+ * the splits merge in order. So a row gets the same bits decoded alone, verified among drafts
+ * (a tree row: the positions it does not see weigh 0; a chain mask is the causal row), or
+ * computed inside any extend.
  *
  * The contract and its reference: engine/attention/cpu_paged.py, tests/engine/attention.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+/* setup.py's flags take in Python's CFLAGS, whose -fwrapv (signed overflow wraps, which
+ * CPython's own code needs) costs these kernels' loops up to 10% under GCC 12 (a decode on Zen
+ * 5); nothing from here on relies on wrapping. After Python.h, whose inline functions keep it. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-wrapv")
+#endif
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
 #include "paged_rows.h"
+#include "row_math.h"
 
-#define TILE 64         /* positions scored at a time */
 #define MAX_HEAD_DIM 256
 
-/* e^x for x <= 0 in a form the compiler vectorizes (glibc's expf does not): 2^(x log2 e) split
- * into an integer power (exponent bits) and 2^f, f in [0, 1), by a degree-7 Taylor series of
- * e^(f ln 2) (relative error below 2e-7, under fp32 rounding of the scores themselves). */
-static inline float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.4426950408889634f;
-    float fi = floorf(t);
-    float y = (t - fi) * 0.6931471805599453f;
-    float p = 1.0f + y * (1.0f + y * (0.5f + y * (1.6666667e-1f + y * (4.1666667e-2f +
-              y * (8.3333333e-3f + y * (1.3888889e-3f + y * 1.9841270e-4f))))));
-    int32_t bits = ((int32_t)fi + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+/* How a tile's K and V are read: an fp32 pool; a bf16 pool widened to fp32; a bf16 pool in
+ * bf16 pairs for the dot products (RG_DPBF16 builds, head_dim even). */
+enum { PA_F32, PA_WIDE, PA_PAIRS };
 
 typedef struct {
     const void *k, *v;    /* a layer of the pool: (num_slots, num_kv_heads, head_dim) */
@@ -56,6 +56,34 @@ typedef struct {
     const uint64_t *masks; /* (num_rows,) tree masks, 0 for a causal row; NULL: all causal */
 } Args;
 
+/* A tile of positions [p0, p0 + n) as the item's rows read it. */
+typedef struct {
+    int n, skip;                  /* rows [skip, n) are read; positions before skip weigh 0 */
+    const void **k;               /* (TILE): the pool's K rows of positions [skip, n) (SIMD
+                                   * builds: a zero row at the others) */
+    ptrdiff_t v_off;              /* bytes from a position's K row to its V row */
+    uint32_t *kt;                 /* K^T: (head_dim, TILE) fp32, or (head_dim / 2, TILE) pairs */
+    uint32_t *vp;                 /* (TILE / 2, head_dim) V pairs (PA_PAIRS) */
+    const float *kf[TILE], *vf[TILE]; /* fp32 rows, a zero row before skip (plain C) */
+} Tile;
+
+/* A thread's buffers, for the largest item. */
+typedef struct {
+    float *qs;       /* (rows, head_dim): q scaled by scale * log2 e */
+    uint32_t *qp;    /* (rows, head_dim / 2): qs in bf16 pairs (PA_PAIRS) */
+    uint32_t *kt, *vp;
+    float *kbuf, *vbuf, *zero; /* plain C: (TILE, head_dim) fp32 rows (kbuf + TILE floats of
+                                * scratch); a zero row (head_dim) */
+} Work;
+
+static int tile_mode(const Args *a) {
+    if (!a->bf16) return PA_F32;
+#ifdef RG_DPBF16
+    if (a->head_dim % 2 == 0) return PA_PAIRS;
+#endif
+    return PA_WIDE;
+}
+
 /* The first position that row t of sequence s sees. Row 0's is the first that any row sees:
  * nothing before it is read, so the pages wholly before it may be invalid ids. */
 static int64_t row_start(const Args *a, int64_t s, int64_t t) {
@@ -65,8 +93,8 @@ static int64_t row_start(const Args *a, int64_t s, int64_t t) {
 }
 
 /* Splits lie on a grid of split_len positions from 0 whatever the window (so do the tiles in
- * them): a row gets the same tiles, and so the same bits, in a decode and in a verification.
- * Sequence s's work items take the splits from the one holding row_start(s, 0) to its end. */
+ * them), as row_math.h says. Sequence s's work items take the splits from the one holding
+ * row_start(s, 0) to its end. */
 static int64_t first_split(const Args *a, int64_t s) { return row_start(a, s, 0) / a->split_len; }
 
 static int64_t num_splits(const Args *a, int64_t s) {
@@ -82,20 +110,18 @@ static void row_span(const Args *a, int64_t s, int64_t t, int64_t p0, int n, int
     *j0 = (int)(start <= 0 ? 0 : start < n ? start : n);
 }
 
-/* Row t of sequence s under its tree mask: of the tile positions [j0, j1) that row_span gave
- * (at most up to the row itself), the ones it sees, in order, into idx; returns how many, or -1
- * when it sees every one (no mask, a 0 entry, a tile before the step's rows, or every bit set):
- * then the row runs exactly as a causal one, so a chain mask gives the causal bits. */
-static int tree_span(const Args *a, int64_t s, int64_t t, int64_t p0, int j0, int j1, int *idx) {
+/* Bit j set where row t of sequence s sees position p0 + j of the tile, j in [j0, j1) (its
+ * row_span): under a tree mask, a position of the step's rows only where its bit is set. */
+static uint64_t row_vis(const Args *a, int64_t s, int64_t t, int64_t p0, int j0, int j1) {
+    uint64_t vis = (j1 >= 64 ? ~0ull : (1ull << j1) - 1) & ~((1ull << j0) - 1);
     int64_t row0 = a->row_starts[s], prefix = a->context_lens[s] - (a->row_starts[s + 1] - row0);
     uint64_t bits = a->masks ? a->masks[row0 + t] : 0;
-    if (!bits || p0 + j1 <= prefix) return -1;
-    int count = 0;
+    if (!bits || p0 + j1 <= prefix) return vis;
     for (int j = j0; j < j1; j++) {
         int64_t i = p0 + j - prefix; /* the step's row at this position; < 0: the prefix */
-        if (i < 0 || (i < 64 && (bits >> i) & 1)) idx[count++] = j;
+        if (i >= 0 && (i >= 64 || !((bits >> i) & 1))) vis &= ~(1ull << j);
     }
-    return count == j1 - j0 ? -1 : count;
+    return vis;
 }
 
 /* rows[j]: where the K or V row of KV head `h` at position p0 + j of a sequence (its page ids
@@ -106,304 +132,346 @@ static void tile_rows(const Args *a, const void *base, const int64_t *pages, int
                   p0, n, rows);
 }
 
-/* rows[j]: the fp32 K or V row at position p0 + j (as tile_rows): the pool's own row for fp32,
- * else the row converted into `buf`. */
-static void kv_tile(const Args *a, const void *base, const int64_t *pages, int64_t h, int64_t p0,
-                    int n, float *buf, const float **rows) {
-    int64_t d_len = a->head_dim;
-    const void *at[TILE];
-    tile_rows(a, base, pages, h, p0, n, at);
-    for (int j = 0; j < n; j++) {
-        if (!a->bf16) {
-            rows[j] = (const float *)at[j];
-            continue;
-        }
-        const uint16_t *src = (const uint16_t *)at[j];
-        uint32_t *dst = (uint32_t *)(buf + j * d_len);
-#pragma omp simd
-        for (int64_t d = 0; d < d_len; d++) dst[d] = (uint32_t)src[d] << 16;
-        rows[j] = buf + j * d_len;
-    }
-}
-
-/* Asks the cache for the K and V rows of KV head `h` at positions [p0, p0 + n): the tile after
- * the one being computed, whose pages are anywhere in the pool (no hardware prefetcher can
- * follow a page table). */
-static void prefetch_tile(const Args *a, const int64_t *pages, int64_t h, int64_t p0, int n) {
+/* Asks the cache for the K and V rows at `rows[0 .. n)` (K rows; V rows lie v_off bytes on):
+ * the tile after the one being computed, whose pages are anywhere in the pool (no hardware
+ * prefetcher can follow a page table). */
+static void prefetch_rows(const Args *a, const void *const *rows, int n, ptrdiff_t v_off) {
     int64_t row_bytes = a->head_dim * (a->bf16 ? 2 : 4);
-    const void *rows[TILE];
-    tile_rows(a, a->k, pages, h, p0, n, rows);
-    for (int j = 0; j < n; j++) {
-        /* K and V share the pool's layout: the same offset in each. */
-        int64_t off = (const char *)rows[j] - (const char *)a->k;
+    for (int64_t j = 0; j < n; j++)
         for (int64_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch((const char *)a->k + off + b);
-            __builtin_prefetch((const char *)a->v + off + b);
+            __builtin_prefetch((const char *)rows[j] + b);
+            __builtin_prefetch((const char *)rows[j] + v_off + b);
+        }
+}
+
+#if RG_VL == 1
+/* rows[j] for j < n: the fp32 row of `raw[j]` (a bf16 pool's widened into `buf`), `zero`
+ * before skip. */
+static void fp32_rows(const Args *a, const void *const *raw, int skip, int n, float *buf,
+                      const float *zero, const float **rows) {
+    for (int j = 0; j < n; j++) {
+        if (j < skip) {
+            rows[j] = zero;
+        } else if (!a->bf16) {
+            rows[j] = (const float *)raw[j];
+        } else {
+            const uint16_t *src = (const uint16_t *)raw[j];
+            uint32_t *dst = (uint32_t *)(buf + j * a->head_dim);
+            for (int64_t d = 0; d < a->head_dim; d++) dst[d] = (uint32_t)src[d] << 16;
+            rows[j] = buf + j * a->head_dim;
         }
     }
 }
+#endif
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include "simd_exp.h"
-#define PA_AVX2 1
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-#define PA_AVX512 1
+#if defined(RG_AVX512)
 #include "paged_avx512.h"
-#endif
+#elif defined(RG_AVX2)
+#define R_MAX 4 /* rows a pass takes together */
 
-/* [sum(a[0]), .., sum(a[7])]: eight horizontal sums at once. */
-static inline __m256 sum8(const __m256 a[8]) {
-    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                         _mm256_permute2f128_ps(u0, u1, 0x31));
+/* Transposes an 8 x 8 block of floats held in r[0..7] (rows), written out so that once
+ * inlined the block stays in registers. */
+static inline __attribute__((always_inline)) void pa_transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-
-#endif
-
-/* p[j] = e^(p[j] - top) for j < n; returns their sum. */
-static float exp_shifted(float *p, int n, float top) {
-    int j = 0;
-    float sum = 0.0f;
-#ifdef PA_AVX2
-    __m256 vsum = _mm256_setzero_ps(), vtop = _mm256_set1_ps(top);
-    for (; j + 8 <= n; j += 8) {
-        __m256 e = rg_exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), vtop));
-        _mm256_storeu_ps(p + j, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vsum);
-    for (int i = 0; i < 8; i++) sum += lanes[i];
-#endif
-    for (; j < n; j++) {
-        p[j] = exp_nonpos(p[j] - top);
-        sum += p[j];
-    }
-    return sum;
+/* Eight elements of a K or V row from element d0: fp32, or bf16 widened in the register. */
+static inline __attribute__((always_inline)) __m256 pa_load8(const void *row, int64_t d0,
+                                                             const int wide) {
+    if (wide)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d0))), 16));
+    return _mm256_loadu_ps((const float *)row + d0);
 }
 
-/* s[j] = q . k[j] for j < n (d_len floats each). Eight positions at a time accumulate in eight
- * vectors that one transpose-add reduces (no horizontal sum per position). */
-static void scores(const float *q, const float *const *k, int n, int64_t d_len, float *s) {
-    int j = 0;
-#ifdef PA_AVX2
-    if (d_len % 8 == 0) {
-        for (; j + 8 <= n; j += 8) {
-            __m256 acc[8];
-            const float *kj[8];
+/* K^T of the tile, fp32: kt[d * TILE + j]; tl->k[j] is a zero row where the tile reads none. */
+static void pa_build_kt(const Tile *tl, int64_t d_len, const int wide, uint32_t *kt_bits) {
+    float *kt = (float *)kt_bits;
+    int64_t full = d_len / 8 * 8;
+    for (int64_t kb = 0; kb < TILE; kb += 8) {
+        for (int64_t c0 = 0; c0 < full; c0 += 8) {
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) r[i] = pa_load8(tl->k[kb + i], c0, wide);
+            pa_transpose8(r);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) _mm256_store_ps(kt + (c0 + i) * TILE + kb, r[i]);
+        }
+        for (int64_t d = full; d < d_len; d++)
             for (int i = 0; i < 8; i++) {
-                acc[i] = _mm256_setzero_ps();
-                kj[i] = k[j + i];
+                const void *row = tl->k[kb + i];
+                kt[d * TILE + kb + i] = wide ? rg_from_bf16(((const uint16_t *)row)[d])
+                                             : ((const float *)row)[d];
             }
-            for (int64_t d = 0; d < d_len; d += 8) {
-                __m256 qv = _mm256_loadu_ps(q + d);
-                for (int i = 0; i < 8; i++)
-                    acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj[i] + d), acc[i]);
-            }
-            _mm256_storeu_ps(s + j, sum8(acc));
+    }
+}
+
+/* Scores of keys kb .. kb + 8 KV - 1 for nr rows into p[r] (KV 8-key vectors: 2 nr KV
+ * chains of FMAs over the dims). */
+static inline __attribute__((always_inline)) void pa_scores8(const float *kt, const int nr,
+                                                             const int KV, int kb,
+                                                             const float *const *qs,
+                                                             int64_t d_len, float (*p)[TILE]) {
+    __m256 x[R_MAX][4];
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < KV; i++) x[r][i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < d_len; d++) {
+        __m256 k[4];
+        for (int i = 0; i < KV; i++) k[i] = _mm256_load_ps(kt + d * TILE + kb + 8 * i);
+        for (int r = 0; r < nr; r++) {
+            __m256 qb = _mm256_broadcast_ss(qs[r] + d);
+            for (int i = 0; i < KV; i++) x[r][i] = _mm256_fmadd_ps(qb, k[i], x[r][i]);
         }
     }
-#endif
-    for (; j < n; j++) {
-        const float *kr = k[j];
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < d_len; d++) dot += q[d] * kr[d];
-        s[j] = dot;
-    }
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < KV; i++) _mm256_store_ps(p[r] + kb + 8 * i, x[r][i]);
 }
 
-/* acc = acc * corr + sum_j p[j] v[j] over n positions. 64 floats of acc at a time stay in
- * eight registers across all the positions: eight independent FMA chains, not one. */
-static void accumulate(float *acc, float corr, const float *p, const float *const *v, int n,
-                       int64_t d_len) {
-    int64_t d = 0;
-#ifdef PA_AVX2
-    __m256 c = _mm256_set1_ps(corr);
-    for (; d + 64 <= d_len; d += 64) {
-        __m256 x[8];
-        for (int i = 0; i < 8; i++) x[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * i), c);
-        for (int j = 0; j < n; j++) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            const float *vj = v[j] + d;
-            for (int i = 0; i < 8; i++) x[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), x[i]);
+/* Dims d0 .. d0 + 8 NV - 1 of the nr rows' output: acc * corr, then each visible position's
+ * weighted V row in order. */
+static inline __attribute__((always_inline)) void pa_out8(const Tile *tl, const int nr,
+                                                          const int NV, int64_t d0,
+                                                          float (*p)[TILE], const float *corr,
+                                                          int j0, int j1, float *const *acc,
+                                                          const int wide) {
+    __m256 o[R_MAX][4];
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < NV; v++)
+            o[r][v] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + d0 + 8 * v), _mm256_set1_ps(corr[r]));
+    for (int64_t j = j0; j < j1; j++) {
+        const void *row = (const char *)tl->k[j] + tl->v_off;
+        __m256 vv[4];
+        for (int v = 0; v < NV; v++) vv[v] = pa_load8(row, d0 + 8 * v, wide);
+        for (int r = 0; r < nr; r++) {
+            __m256 pb = _mm256_broadcast_ss(p[r] + j);
+            for (int v = 0; v < NV; v++) o[r][v] = _mm256_fmadd_ps(pb, vv[v], o[r][v]);
         }
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + d + 8 * i, x[i]);
     }
-    for (; d + 8 <= d_len; d += 8) {
-        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(acc + d), c);
-        for (int j = 0; j < n; j++)
-            x = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + d), x);
-        _mm256_storeu_ps(acc + d, x);
-    }
-#endif
-    for (; d < d_len; d++) {
-        float x = acc[d] * corr;
-        for (int j = 0; j < n; j++) x += p[j] * v[j][d];
-        acc[d] = x;
-    }
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(acc[r] + d0 + 8 * v, o[r][v]);
 }
 
-/* p[j] *= scale for j < n; returns the largest of them and `top`. */
-static float scale_max(float *p, int n, float scale, float top) {
-    int j = 0;
-#ifdef PA_AVX2
-    __m256 vs = _mm256_set1_ps(scale), vtop = _mm256_set1_ps(top);
-    for (; j + 8 <= n; j += 8) {
-        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + j), vs);
-        _mm256_storeu_ps(p + j, x);
-        vtop = _mm256_max_ps(vtop, x);
+/* nr rows through the tile, as paged_avx512.h's pa_pass on eight lanes: keys 8i .. 8i + 7 in
+ * one vector; the passes hold at most 12 accumulators (16 ymm registers), at least 8 chains
+ * where the rows allow. */
+static inline __attribute__((always_inline)) void pa_pass(
+    const Tile *tl, const int nr, const float *const *qs, const uint64_t *vis, int j0, int j1,
+    float *const *acc, float *const *m, float *const *l, int64_t d_len, const int wide) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const float *kt = (const float *)tl->kt;
+    const int per = nr <= 2 ? 4 : nr == 3 ? 3 : 2; /* vectors a pass takes per row */
+    float p[R_MAX][TILE] __attribute__((aligned(32))), corr[R_MAX];
+    int kb = 0;
+    for (; kb + 8 * per <= TILE; kb += 8 * per) pa_scores8(kt, nr, per, kb, qs, d_len, p);
+    if (kb + 16 <= TILE) { pa_scores8(kt, nr, 2, kb, qs, d_len, p); kb += 16; }
+    if (kb < TILE) pa_scores8(kt, nr, 1, kb, qs, d_len, p);
+    for (int r = 0; r < nr; r++) {
+        __m256 most = neg_inf, s[8];
+        for (int i = 0; i < 8; i++) {
+            __m256i bits = _mm256_set1_epi32((int)((vis[r] >> (8 * i)) & 0xFF));
+            __m256 seen = _mm256_castsi256_ps(
+                _mm256_cmpeq_epi32(_mm256_and_si256(bits, bit), bit));
+            s[i] = _mm256_blendv_ps(neg_inf, _mm256_load_ps(p[r] + 8 * i), seen);
+            most = _mm256_max_ps(most, s[i]);
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float top = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+        top = *m[r] > top ? *m[r] : top;
+        float safe = top == -INFINITY ? 0.0f : top;
+        __m256 w[8], shift = _mm256_set1_ps(safe);
+        for (int i = 0; i < 8; i++) {
+            w[i] = rg_exp2_8(_mm256_sub_ps(s[i], shift));
+            _mm256_store_ps(p[r] + 8 * i, w[i]);
+        }
+        corr[r] = rg_exp2(*m[r] - safe);
+        *l[r] = fmaf(*l[r], corr[r], rg_sum_keys8(w));
+        *m[r] = top;
     }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vtop);
-    for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
-#endif
-    for (; j < n; j++) {
-        p[j] *= scale;
-        top = p[j] > top ? p[j] : top;
-    }
-    return top;
+    int64_t full = d_len / 8 * 8, d0 = 0;
+    for (; d0 + 8 * per <= full; d0 += 8 * per)
+        pa_out8(tl, nr, per, d0, p, corr, j0, j1, acc, wide);
+    for (; d0 + 16 <= full; d0 += 16) pa_out8(tl, nr, 2, d0, p, corr, j0, j1, acc, wide);
+    for (; d0 < full; d0 += 8) pa_out8(tl, nr, 1, d0, p, corr, j0, j1, acc, wide);
+    for (int64_t d = full; d < d_len; d++) /* a head_dim the extend kernel does not take */
+        for (int r = 0; r < nr; r++) {
+            float y = acc[r][d] * corr[r];
+            for (int j = j0; j < j1; j++) {
+                const void *row = (const char *)tl->k[j] + tl->v_off;
+                float v = wide ? rg_from_bf16(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+                y = fmaf(p[r][j], v, y);
+            }
+            acc[r][d] = y;
+        }
 }
+#endif
 
-#ifdef PA_AVX512
-/* Rows (g0 + i, t), i < nr, of KV head `h` over the tile's first nv positions (64 dims): one
- * pass over the K and V rows for all of them. State as in attend_split. */
-static inline __attribute__((always_inline)) void group_pass(
-    const Args *a, int64_t h, int64_t row0, int64_t t, int64_t t_len, int64_t g0, const int nr,
-    const void *const *krows, const void *const *vrows, const int bf16, int nv, float *m,
-    float *l, float *acc) {
-    int64_t group = a->num_heads / a->num_kv_heads;
-    const float *qs[G_MAX];
-    float *accs[G_MAX], corr[G_MAX], ps[G_MAX][TILE];
-    for (int i = 0; i < nr; i++) {
-        qs[i] = a->q + (row0 + t) * a->q_stride + (h * group + g0 + i) * 64;
-        accs[i] = acc + ((g0 + i) * t_len + t) * 64;
-    }
-    scores64(qs, nr, krows, bf16, nv, ps);
-    for (int i = 0; i < nr; i++) {
-        int64_t r = (g0 + i) * t_len + t;
-        float top = scale_max(ps[i], nv, a->scale, m[r]);
-        corr[i] = exp_nonpos(m[r] - top);
-        l[r] = l[r] * corr[i] + exp_shifted(ps[i], nv, top);
-        m[r] = top;
-    }
-    accumulate64(accs, nr, corr, ps, vrows, bf16, nv);
-}
+/* The item's rows' scaled q (row_math.h step 1), row r = g * t_len + t. */
+static void scale_rows(const Args *a, Work *w, int64_t s, int64_t h, int mode) {
+    int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim;
+    int64_t row0 = a->row_starts[s], t_len = a->row_starts[s + 1] - row0;
+    float mul = a->scale * LOG2E;
+    for (int64_t r = 0; r < group * t_len; r++) {
+        int64_t g = r / t_len, t = r % t_len;
+        const float *q = a->q + (row0 + t) * a->q_stride + (h * group + g) * d_len;
+        float *qs = w->qs + r * d_len;
+        for (int64_t d = 0; d < d_len; d++) qs[d] = q[d] * mul;
+#ifdef RG_DPBF16
+        /* Rounded as the extend kernel rounds its q^T (the same instruction: it flushes
+         * subnormals, which a plain rounding would not). */
+        if (mode != PA_PAIRS) continue;
+        for (int64_t d = 0; d < d_len; d += 32) {
+            int64_t left = d_len - d;
+            __mmask16 lo = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+            __mmask16 hi = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            __m512 x = _mm512_maskz_loadu_ps(lo, qs + d), y = _mm512_maskz_loadu_ps(hi, qs + d + 16);
+            int64_t pairs = left >= 32 ? 16 : left / 2;
+            _mm512_mask_storeu_epi32(w->qp + r * (d_len / 2) + d / 2,
+                                     (__mmask16)((1u << pairs) - 1),
+                                     (__m512i)_mm512_cvtne2ps_pbh(y, x));
+        }
+#else
+        (void)mode;
 #endif
+    }
+}
 
 /* One work item: query rows r = (g, t) of KV head `h` of sequence `s` over the split
  * [lo, hi). Writes per row its max `m`, sum `l` (0 when it saw nothing) and unnormalised
- * output `acc` (head_dim). */
-static void attend_split(const Args *a, int64_t s, int64_t h, int64_t lo, int64_t hi,
+ * output `acc` (head_dim): row_math.h's split state. */
+static void attend_split(const Args *a, Work *w, int64_t s, int64_t h, int64_t lo, int64_t hi,
                          float *m, float *l, float *acc) {
     int64_t d_len = a->head_dim, group = a->num_heads / a->num_kv_heads;
     int64_t row0 = a->row_starts[s], t_len = a->row_starts[s + 1] - row0;
     int64_t num_r = group * t_len, first = row_start(a, s, 0);
     const int64_t *pages = a->pages + a->page_starts[s];
-    float kbuf[TILE * MAX_HEAD_DIM], vbuf[TILE * MAX_HEAD_DIM], p[TILE];
-    const float *krows[TILE], *vrows[TILE];
+    int mode = tile_mode(a);
     for (int64_t r = 0; r < num_r; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
         memset(acc + r * d_len, 0, (size_t)d_len * sizeof(float));
     }
+    scale_rows(a, w, s, h, mode);
+    Tile tl;
+    tl.kt = w->kt;
+    tl.vp = w->vp;
+    tl.v_off = (const char *)a->v - (const char *)a->k;
+    /* K rows of this tile and the next (computed when the next is prefetched). */
+    const void *rows[2][TILE];
+    int cur = 0;
     /* Tiles stay on the split's grid, from the one holding `first`, of which only rows
-     * [skip, n) are loaded: no position before `first` is read. */
-    for (int64_t p0 = first > lo ? lo + (first - lo) / TILE * TILE : lo; p0 < hi; p0 += TILE) {
+     * [skip, n) are read: no position before `first` is. */
+    int64_t p0 = first > lo ? lo + (first - lo) / TILE * TILE : lo;
+    if (p0 < hi) {
         int n = (int)(hi - p0 < TILE ? hi - p0 : TILE), skip = (int)(first > p0 ? first - p0 : 0);
-        int j0, j1;
-        if (p0 + n < hi) prefetch_tile(a, pages, h, p0 + n, (int)(hi - p0 - n < TILE ? hi - p0 - n : TILE));
-#ifdef PA_AVX512
-        if (d_len == 64) {
-            /* One row per token (a decode): read the rows in place, bf16 widened in registers.
-             * Several (a verification): bf16 rows are widened once into the staging tile,
-             * not once per token. */
-            const void *kr[TILE], *vr[TILE];
-            int widen = a->bf16 && t_len == 1;
-            if (a->bf16 && !widen) {
-                kv_tile(a, a->k, pages, h, p0 + skip, n - skip, kbuf, krows + skip);
-                kv_tile(a, a->v, pages, h, p0 + skip, n - skip, vbuf, vrows + skip);
-                for (int j = skip; j < n; j++) {
-                    kr[j] = krows[j];
-                    vr[j] = vrows[j];
-                }
-            } else {
-                tile_rows(a, a->k, pages, h, p0 + skip, n - skip, kr + skip);
-                tile_rows(a, a->v, pages, h, p0 + skip, n - skip, vr + skip);
-            }
-            for (int64_t t = 0; t < t_len; t++) {
-                row_span(a, s, t, p0, n, &j0, &j1);
-                const void *const *kt = kr + j0, *const *vt = vr + j0;
-                const void *kc[TILE], *vc[TILE];
-                int nv = j1 - j0, idx[TILE];
-                int seen = nv > 0 ? tree_span(a, s, t, p0, j0, j1, idx) : -1;
-                if (seen >= 0) { /* a tree row: only the positions it sees, compacted */
-                    for (int i = 0; i < seen; i++) {
-                        kc[i] = kr[idx[i]];
-                        vc[i] = vr[idx[i]];
-                    }
-                    kt = kc;
-                    vt = vc;
-                    nv = seen;
-                }
-                for (int64_t g0 = 0; g0 < group && nv > 0; g0 += G_MAX) {
-                    int64_t left = group - g0, nr = left < G_MAX ? left : G_MAX;
-#define PASS(NR, BF) \
-    group_pass(a, h, row0, t, t_len, g0, NR, kt, vt, BF, nv, m, l, acc)
-                    if (widen) {
-                        if (nr == 1) PASS(1, 1); else if (nr == 2) PASS(2, 1);
-                        else if (nr == 3) PASS(3, 1); else PASS(4, 1);
-                    } else {
-                        if (nr == 1) PASS(1, 0); else if (nr == 2) PASS(2, 0);
-                        else if (nr == 3) PASS(3, 0); else PASS(4, 0);
-                    }
-#undef PASS
-                }
-            }
-            continue;
+        tile_rows(a, a->k, pages, h, p0 + skip, n - skip, rows[0] + skip);
+    }
+    for (; p0 < hi; p0 += TILE, cur ^= 1) {
+        int n = (int)(hi - p0 < TILE ? hi - p0 : TILE), skip = (int)(first > p0 ? first - p0 : 0);
+        tl.n = n;
+        tl.skip = skip;
+        tl.k = rows[cur];
+        if (p0 + n < hi) {
+            int next = (int)(hi - p0 - n < TILE ? hi - p0 - n : TILE);
+            tile_rows(a, a->k, pages, h, p0 + n, next, rows[cur ^ 1]);
+            prefetch_rows(a, rows[cur ^ 1], next, tl.v_off);
         }
+#if defined(RG_AVX512) || defined(RG_AVX2)
+        if (skip > 0 || n < TILE)
+            for (int j = 0; j < TILE; j++)
+                if (j < skip || j >= n) tl.k[j] = w->zero;
+#if defined(RG_AVX512)
+        pa_build_kt(&tl, d_len, mode, w->kt);
+        if (mode == PA_PAIRS) pa_pack_v(&tl, d_len, w->vp);
+#else
+        pa_build_kt(&tl, d_len, mode == PA_WIDE, w->kt);
 #endif
-        kv_tile(a, a->k, pages, h, p0 + skip, n - skip, kbuf, krows + skip);
-        kv_tile(a, a->v, pages, h, p0 + skip, n - skip, vbuf, vrows + skip);
+#else
+        const void *vraw[TILE];
+        for (int j = skip; j < n; j++) vraw[j] = (const char *)tl.k[j] + tl.v_off;
+        fp32_rows(a, tl.k, skip, n, w->kbuf, w->zero, tl.kf);
+        fp32_rows(a, vraw, skip, n, w->vbuf, w->zero, tl.vf);
+#endif
         for (int64_t t = 0; t < t_len; t++) {
+            int j0, j1;
             row_span(a, s, t, p0, n, &j0, &j1);
-            int nv = j1 - j0, idx[TILE];
-            if (nv <= 0) continue;
-            const float *const *kt = krows + j0, *const *vt = vrows + j0;
-            const float *kc[TILE], *vc[TILE];
-            int seen = tree_span(a, s, t, p0, j0, j1, idx);
-            if (seen >= 0) { /* a tree row: only the positions it sees, compacted */
-                for (int i = 0; i < seen; i++) {
-                    kc[i] = krows[idx[i]];
-                    vc[i] = vrows[idx[i]];
-                }
-                kt = kc;
-                vt = vc;
-                nv = seen;
-                if (nv == 0) continue;
-            }
+            if (j1 <= j0) continue;
+            uint64_t vis = row_vis(a, s, t, p0, j0, j1);
+            if (!vis) continue; /* sees none of the tile: a no-op for the row */
+#if RG_VL == 1
             for (int64_t g = 0; g < group; g++) {
                 int64_t r = g * t_len + t;
-                const float *qr = a->q + (row0 + t) * a->q_stride + (h * group + g) * d_len;
-                scores(qr, kt, nv, d_len, p);
-                float top = scale_max(p, nv, a->scale, m[r]);
-                float corr = exp_nonpos(m[r] - top), sum = exp_shifted(p, nv, top);
-                l[r] = l[r] * corr + sum;
-                m[r] = top;
-                accumulate(acc + r * d_len, corr, p, vt, nv, d_len);
+                rg_row_tile(w->qs + r * d_len, 1, tl.kf, tl.vf, n, vis, d_len, m + r, l + r,
+                            acc + r * d_len, 1, w->kbuf + TILE * d_len);
             }
+#else
+            for (int64_t g0 = 0; g0 < group; g0 += R_MAX) {
+                int nr = (int)(group - g0 < R_MAX ? group - g0 : R_MAX);
+                const float *qs[R_MAX];
+                const uint32_t *qp[R_MAX];
+                uint64_t vr[R_MAX];
+                float *ar[R_MAX], *mr[R_MAX], *lr[R_MAX];
+                for (int i = 0; i < nr; i++) {
+                    int64_t r = (g0 + i) * t_len + t;
+                    qs[i] = w->qs + r * d_len;
+                    qp[i] = w->qp + r * (d_len / 2);
+                    vr[i] = vis;
+                    ar[i] = acc + r * d_len;
+                    mr[i] = m + r;
+                    lr[i] = l + r;
+                }
+#if defined(RG_AVX512)
+#define PASS(NR, MODE) pa_pass(&tl, NR, qs, qp, vr, j0, j1, ar, mr, lr, d_len, MODE)
+#define PASSES(MODE) \
+    if (nr == 1) PASS(1, MODE); else if (nr == 2) PASS(2, MODE); \
+    else if (nr == 3) PASS(3, MODE); else PASS(4, MODE)
+                if (mode == PA_F32) { PASSES(PA_F32); }
+                else if (mode == PA_WIDE) { PASSES(PA_WIDE); }
+                else { PASSES(PA_PAIRS); }
+#undef PASSES
+#undef PASS
+#else
+                (void)qp;
+#define PASS(NR, W) pa_pass(&tl, NR, qs, vr, j0, j1, ar, mr, lr, d_len, W)
+#define PASSES(W) \
+    if (nr == 1) PASS(1, W); else if (nr == 2) PASS(2, W); \
+    else if (nr == 3) PASS(3, W); else PASS(4, W)
+                if (mode == PA_WIDE) { PASSES(1); } else { PASSES(0); }
+#undef PASSES
+#undef PASS
+#endif
+            }
+#endif
         }
     }
 }
 
-/* Runs every work item, then merges each row's splits into `out`. Returns 0, or -1 when
- * out of memory. */
+static void *zalloc(size_t bytes) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+}
+
+/* Runs every work item, then merges each row's splits into `out` (row_math.h steps 3 and 4).
+ * Returns 0, or -1 when out of memory. */
 static int run(const Args *a, int num_threads) {
     int64_t group = a->num_heads / a->num_kv_heads, d_len = a->head_dim;
-    int64_t num_items = 0, num_state = 0;
+    int64_t num_items = 0, num_state = 0, max_rows = 1;
     int64_t *item_start = malloc((size_t)(a->num_seqs + 1) * sizeof(int64_t));
     int64_t *state_start = malloc((size_t)(a->num_seqs + 1) * sizeof(int64_t));
     if (!item_start || !state_start) { free(item_start); free(state_start); return -1; }
@@ -413,52 +481,65 @@ static int run(const Args *a, int num_threads) {
         state_start[s] = num_state;
         num_items += a->num_kv_heads * splits;
         num_state += a->num_kv_heads * splits * group * t_len;
+        max_rows = group * t_len > max_rows ? group * t_len : max_rows;
     }
     item_start[a->num_seqs] = num_items;
     state_start[a->num_seqs] = num_state;
     /* Per state row: m, l, then acc (head_dim). */
     float *state = malloc((size_t)num_state * (size_t)(d_len + 2) * sizeof(float));
     if (!state) { free(item_start); free(state_start); return -1; }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t item = 0; item < num_items; item++) {
-        int64_t s = 0;
-        while (item_start[s + 1] <= item) s++;
-        int64_t splits = num_splits(a, s);
-        int64_t local = item - item_start[s], h = local / splits, sp = local % splits;
-        int64_t rows = group * (a->row_starts[s + 1] - a->row_starts[s]);
-        float *base = state + (state_start[s] + local * rows) * (d_len + 2);
-        int64_t lo = (first_split(a, s) + sp) * a->split_len, hi = lo + a->split_len;
-        hi = hi < a->context_lens[s] ? hi : a->context_lens[s];
-        attend_split(a, s, h, lo, hi, base, base + rows, base + 2 * rows);
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        Work w;
+        w.qs = zalloc((size_t)(max_rows * d_len) * sizeof(float));
+        w.qp = zalloc((size_t)(max_rows * (d_len / 2 + 1)) * sizeof(uint32_t));
+        w.kt = zalloc((size_t)(TILE * d_len) * sizeof(uint32_t));
+        w.vp = zalloc((size_t)(TILE / 2 * d_len) * sizeof(uint32_t));
+        w.kbuf = zalloc((size_t)(TILE * d_len + TILE) * sizeof(float));
+        w.vbuf = zalloc((size_t)(TILE * d_len) * sizeof(float));
+        w.zero = zalloc((size_t)d_len * sizeof(float));
+        int ok = w.qs && w.qp && w.kt && w.vp && w.kbuf && w.vbuf && w.zero;
+        if (ok) memset(w.zero, 0, (size_t)d_len * sizeof(float));
+        else {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_items; item++) {
+            if (!ok) continue;
+            int64_t s = 0;
+            while (item_start[s + 1] <= item) s++;
+            int64_t splits = num_splits(a, s);
+            int64_t local = item - item_start[s], h = local / splits, sp = local % splits;
+            int64_t rows = group * (a->row_starts[s + 1] - a->row_starts[s]);
+            float *base = state + (state_start[s] + local * rows) * (d_len + 2);
+            int64_t lo = (first_split(a, s) + sp) * a->split_len, hi = lo + a->split_len;
+            hi = hi < a->context_lens[s] ? hi : a->context_lens[s];
+            attend_split(a, &w, s, h, lo, hi, base, base + rows, base + 2 * rows);
+        }
+        free(w.qs); free(w.qp); free(w.kt); free(w.vp); free(w.kbuf); free(w.vbuf);
+        free(w.zero);
     }
+    if (failed) { free(state); free(item_start); free(state_start); return -1; }
 #pragma omp parallel for num_threads(num_threads)
     for (int64_t s = 0; s < a->num_seqs; s++) {
         int64_t splits = num_splits(a, s), row0 = a->row_starts[s];
         int64_t t_len = a->row_starts[s + 1] - row0, rows = group * t_len;
+        float big_o[MAX_HEAD_DIM];
         for (int64_t h = 0; h < a->num_kv_heads; h++) {
             for (int64_t r = 0; r < rows; r++) {
-                int64_t g = r / t_len, t = r % t_len;
-                float *o = a->out + ((row0 + t) * a->num_heads + h * group + g) * d_len;
-                /* The sink is one more logit in the max and the sum, with no value. */
-                float sink = a->sinks ? a->sinks[h * group + g] : -INFINITY, top = sink;
+                int64_t g = r / t_len, t = r % t_len, head = h * group + g;
+                float big_m = -INFINITY, big_l = 0.0f;
+                memset(big_o, 0, (size_t)d_len * sizeof(float));
                 for (int64_t sp = 0; sp < splits; sp++) {
                     float *base = state + (state_start[s] + (h * splits + sp) * rows) * (d_len + 2);
-                    top = base[r] > top ? base[r] : top;
+                    rg_merge_row(&big_m, &big_l, big_o, 1, base[r], base[rows + r],
+                                 base + 2 * rows + r * d_len, 1, d_len);
                 }
-                float total = a->sinks ? exp_nonpos(sink - top) : 0.0f;
-                memset(o, 0, (size_t)d_len * sizeof(float));
-                for (int64_t sp = 0; sp < splits; sp++) {
-                    float *base = state + (state_start[s] + (h * splits + sp) * rows) * (d_len + 2);
-                    if (base[rows + r] == 0.0f) continue; /* the row saw none of the split */
-                    float w = exp_nonpos(base[r] - top);
-                    const float *ar = base + 2 * rows + r * d_len;
-                    total += w * base[rows + r];
-#pragma omp simd
-                    for (int64_t d = 0; d < d_len; d++) o[d] += w * ar[d];
-                }
-                float inv = 1.0f / total;
-#pragma omp simd
-                for (int64_t d = 0; d < d_len; d++) o[d] *= inv;
+                rg_finish_row(big_m, big_l, big_o, 1,
+                              a->sinks ? a->sinks[head] * LOG2E : -INFINITY,
+                              a->out + ((row0 + t) * a->num_heads + head) * d_len, d_len);
             }
         }
     }
@@ -532,9 +613,9 @@ static PyObject *paged_attention(PyObject *self, PyObject *args) {
 static PyObject *simd(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-#if defined(PA_AVX512)
+#if defined(RG_AVX512)
     return PyUnicode_FromString("avx512");
-#elif defined(PA_AVX2)
+#elif defined(RG_AVX2)
     return PyUnicode_FromString("avx2");
 #else
     return PyUnicode_FromString("scalar");

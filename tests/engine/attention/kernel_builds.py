@@ -38,18 +38,28 @@ def _has_flag(flag: str) -> bool:
         return False
 
 
+def cannot_run(march: str, extra: tuple[str, ...] = (),
+               needs_flag: str | None = None) -> str | None:
+    """Why this machine cannot run code built with -march=`march` (and `extra`, and where this
+    CPU lacks `needs_flag`), or None when it can."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "needs an x86-64 machine"
+    if ((march in NEEDS and torch.backends.cpu.get_cpu_capability() not in NEEDS[march])
+            or (march in NEEDS_FLAG and not _has_flag(NEEDS_FLAG[march]))
+            or (needs_flag is not None and not _has_flag(needs_flag))):
+        return f"this CPU cannot run -march={march} {' '.join(extra)}"
+    return None
+
+
 @functools.cache
 def build_variant(source: Path, march: str, extra: tuple[str, ...] = (),
                   needs_flag: str | None = None) -> ModuleType | str:
     """The kernel in `source` (its module is "_" + its stem) built with -march=`march` and the
     `extra` compiler flags, or why it could not be (also when this CPU lacks `needs_flag`)."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if platform.machine() not in ("x86_64", "AMD64") or compiler is None:
-        return "needs an x86-64 machine with a C compiler"
-    if ((march in NEEDS and torch.backends.cpu.get_cpu_capability() not in NEEDS[march])
-            or (march in NEEDS_FLAG and not _has_flag(NEEDS_FLAG[march]))
-            or (needs_flag is not None and not _has_flag(needs_flag))):
-        return f"this CPU cannot run -march={march} {' '.join(extra)}"
+    why = cannot_run(march, extra, needs_flag)
+    if why is not None or compiler is None:
+        return why or "needs a C compiler"
     name = f"_{source.stem}"
     headers = sorted(p for d in INCLUDES for p in d.glob("*.h"))
     digest = hashlib.sha256(f"{march} {extra} {FLAGS} {sys.version}".encode())
@@ -71,6 +81,19 @@ def build_variant(source: Path, march: str, extra: tuple[str, ...] = (),
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def strict_build(source: Path, march: str) -> ModuleType:
+    """`source` built from the working tree with -march=`march` ("native" included): skips the
+    test only where this CPU cannot run that build; a build that does not compile (or no
+    compiler) fails it."""
+    why = cannot_run(march)
+    if why is not None:
+        pytest.skip(why)
+    module = build_variant(source, march)
+    if isinstance(module, str):
+        pytest.fail(f"{source.name} for -march={march}: {module}")
     return module
 
 

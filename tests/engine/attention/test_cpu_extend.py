@@ -49,8 +49,7 @@ def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
 class ExtendBatch(Batch):
     """`Batch`'s sequences through the extend kernel."""
 
-    def run(self, split_len: int = 0, **options: Any) -> torch.Tensor:
-        del split_len  # the extend kernel has no splits
+    def run(self, split_len: int = 256, **options: Any) -> torch.Tensor:
         head_dim = self.q.shape[2]
         pages = torch.cat(self.tables).contiguous()
         page_starts = torch.tensor([0, *[len(t) for t in self.tables]][:-1],
@@ -60,7 +59,8 @@ class ExtendBatch(Batch):
         scale = options.pop("scale", None)
         paged_extend(self.q.float(), self.k, self.v, pages, page_starts, self.context_lens,
                      self.row_starts[:-1].contiguous(), extend_lens, self.page_size, out,
-                     scale=head_dim**-0.5 if scale is None else scale, **options)
+                     scale=head_dim**-0.5 if scale is None else scale, split_len=split_len,
+                     **options)
         return out.to(self.q.dtype)
 
 
@@ -150,7 +150,7 @@ def test_rows_of_other_sequences_are_not_written(build: str) -> None:
 @pytest.fixture
 def c_extends(monkeypatch: pytest.MonkeyPatch) -> None:
     """The "cpu" backend sends long extends to the C kernel whatever the table says."""
-    monkeypatch.setattr(cpu_paged, "extend_choice", lambda dtype, head_dim: (True, "test"))
+    monkeypatch.setattr(cpu_paged, "extend_choice", lambda dtype, head_dim: ("c", "test"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -208,30 +208,34 @@ def test_choice_is_logged_and_can_be_overridden(monkeypatch: pytest.MonkeyPatch,
     extend_choice.cache_clear()
     monkeypatch.setenv(cpu_extend.CHOICE_ENV, "torch")
     with caplog.at_level(logging.INFO, logger="engine.attention.cpu_extend"):
-        assert extend_choice(torch.float32, 64) == (False, f"{cpu_extend.CHOICE_ENV}=torch")
+        assert extend_choice(torch.float32, 64) == ("torch", f"{cpu_extend.CHOICE_ENV}=torch")
     assert "extend attention over a float32 pool, head_dim 64: torch flash" in caplog.text
     extend_choice.cache_clear()
     monkeypatch.setenv(cpu_extend.CHOICE_ENV, "c")
-    assert extend_choice(torch.bfloat16, 64)[0] is True
-    assert extend_choice(torch.bfloat16, 60) == (False, "head_dim 60 is not a multiple of 8")
+    assert extend_choice(torch.bfloat16, 64)[0] == "c"
+    assert extend_choice(torch.bfloat16, 60) == ("torch", "head_dim 60 is not a multiple of 8")
+    extend_choice.cache_clear()
+    monkeypatch.setenv(cpu_extend.CHOICE_ENV, "amx")
+    # Where the build has no AMX tiles (or the pool is fp32), "amx" is the C kernel's own path.
+    assert extend_choice(torch.float32, 64)[0] == "c"
     extend_choice.cache_clear()
     monkeypatch.setenv(cpu_extend.CHOICE_ENV, "fast")
-    with pytest.raises(InvalidRequest, match="use c, torch or auto"):
+    with pytest.raises(InvalidRequest, match="use c, amx, torch or auto"):
         extend_choice(torch.float32, 64)
     extend_choice.cache_clear()
 
 
-@pytest.mark.parametrize(("simd", "dtype", "head_dim", "use"), [
-    ("amx", torch.bfloat16, 64, True),
-    ("amx", torch.bfloat16, 80, False),  # AMX needs 32 dims a step; dpbf16 is slower here
-    ("amx", torch.float32, 80, True),
-    ("avx512_bf16", torch.bfloat16, 64, False),
-    ("avx512", torch.bfloat16, 64, True),
-    ("avx2", torch.float32, 128, True),
-    ("portable", torch.float32, 64, False),
+@pytest.mark.parametrize(("simd", "dtype", "head_dim", "path"), [
+    ("amx", torch.bfloat16, 64, "amx"),  # AMX tiles: faster, not a decode's bits
+    ("amx", torch.bfloat16, 80, "torch"),  # AMX needs 32 dims a step; dpbf16 is slower here
+    ("amx", torch.float32, 80, "c"),
+    ("avx512_bf16", torch.bfloat16, 64, "c"),
+    ("avx512", torch.bfloat16, 64, "c"),
+    ("avx2", torch.float32, 128, "c"),
+    ("portable", torch.float32, 64, "torch"),
 ])
 def test_table_by_build_dtype_and_head_dim(simd: str, dtype: torch.dtype, head_dim: int,
-                                           use: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+                                           path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     class Build:
         @staticmethod
         def simd() -> str:
@@ -241,7 +245,7 @@ def test_table_by_build_dtype_and_head_dim(simd: str, dtype: torch.dtype, head_d
     monkeypatch.setattr(cpu_extend, "kernel", lambda: Build)
     extend_choice.cache_clear()
     try:
-        assert extend_choice(dtype, head_dim)[0] is use
+        assert extend_choice(dtype, head_dim)[0] == path
     finally:
         extend_choice.cache_clear()
 
