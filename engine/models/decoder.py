@@ -14,18 +14,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention.spec import AttentionSpec
 from engine.config import ModelConfig, Rope
 from engine.models import onednn, rowops
 from engine.models.base import AttentionFn, dtype_name
-from engine.models.int8_gemm import Int8Weight
+from engine.models.ggml_weight import GgmlWeight, embedding
 from engine.models.linear import Weight, linear
 from engine.models.moe import moe_forward
 from engine.models.onednn import OneDnnWeight
 from engine.models.ops import CPU_OPS, TORCH_OPS, TorchOps
-from engine.models.quant import PackedWeight
 from engine.models.rope import rotary_tables
 from engine.models.weights import (
     LayerWeights,
@@ -44,7 +42,9 @@ def row_dtype(weight: Weight) -> torch.dtype:
     """The dtype a projection computes in, which its input rows are kept in."""
     if isinstance(weight, OneDnnWeight):
         return weight.packed.dtype
-    return torch.float32 if isinstance(weight, PackedWeight | Int8Weight) else weight.dtype
+    if isinstance(weight, GgmlWeight):
+        return torch.float32
+    return weight.dtype
 
 
 def decoder_layer(ops: TorchOps, cfg: ModelConfig, layer: LayerWeights, lin: LayerWeights,
@@ -113,7 +113,7 @@ class DecoderModel:
         self.reduce = reduce
         self.weights = weights
         self.dtype = dtype
-        self.device = weights.embed.device
+        self.device = weights.norm.device
         self.mixed = mixed
         # The packing kernels run on the CPU, in fp32; a model moved to CUDA drops them.
         self.packed = packed if self.device.type == "cpu" and dtype == torch.float32 else None
@@ -123,7 +123,8 @@ class DecoderModel:
                                 for layer in weights.layers]
                                if mixed is not None and mixed.dtype != dtype else None)
         self._lm_head = (weights.lm_head.to(mixed.dtype)
-                         if mixed is not None and mixed.lm_head else weights.lm_head)
+                         if mixed is not None and mixed.lm_head
+                         and isinstance(weights.lm_head, torch.Tensor) else weights.lm_head)
         self.attention_specs = tuple(
             AttentionSpec(i, config.attention_scale, config.layer_window(i),
                           None if layer.sinks is None else layer.sinks.float())
@@ -176,6 +177,8 @@ class DecoderModel:
         precision's extends on bf16 weights in oneDNN's layout say "onednn bf16 extends")."""
         if self.packed is None:
             return "dense"
+        if self.packed.codes():
+            return self.packed.name
         extend = self._extend_layers[0].qkv if self._extend_layers else None
         if isinstance(extend, OneDnnWeight):
             decodes = self.packed.name.split(", ")[0]
@@ -232,7 +235,7 @@ class DecoderModel:
         # The C row ops serve any CPU forward of a packed model (decode on codes, extend on
         # oneDNN weights, fp32 or mixed precision's bf16); the torch ops are the reference.
         ops = CPU_OPS if self.packed is not None and rowops.kernel() is not None else TORCH_OPS
-        x = F.embedding(input_ids, self.weights.embed)
+        x = embedding(input_ids, self.weights.embed)
         if cfg.embed_scale is not None:
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
         x = x.contiguous()
@@ -265,6 +268,8 @@ def _cast_linears(layer: LayerWeights, dtype: torch.dtype, pack: bool = False) -
     pack = pack and layer.attn_norm.device.type == "cpu" and onednn.packs(dtype)
 
     def cast(weight: Weight) -> Weight:
+        if isinstance(weight, GgmlWeight):
+            return weight  # codes compute on their own path, whatever the extends' dtype
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"only dense weights are cast, got {type(weight).__name__}")
         return onednn.OneDnnWeight.pack(weight.to(dtype)) if pack else weight.to(dtype)

@@ -97,7 +97,9 @@ def _bit_planes(qh: torch.Tensor, bits: int) -> torch.Tensor:
     high parts). Four bytes to an int32 lane: a shift per plane instead of a shift by a
     broadcast tensor, which torch does not vectorise; the mask keeps each byte's own bits."""
     n = qh.shape[0]
-    words = qh.contiguous().view(torch.int32).view(n, -1, 1, 8)
+    # contiguous() keeps a single row's stride (a slice of its block): copy it to view it.
+    qh = qh.contiguous() if n > 1 else qh.clone(memory_format=torch.contiguous_format)
+    words = qh.view(torch.int32).view(n, -1, 1, 8)
     mask = (1 << bits) - 1
     mask |= mask << 8 | mask << 16 | mask << 24
     planes = [(words >> shift) & mask for shift in range(0, 8, bits)]

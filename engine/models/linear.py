@@ -6,22 +6,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.models.int8_gemm import Int8Weight, int8_linear
+from engine.models.ggml_weight import GgmlWeight, ggml_linear
 from engine.models.onednn import OneDnnWeight, onednn_linear
-from engine.models.quant import PackedWeight, qlinear
 
-# A projection's weight: a dense tensor, the GGUF's own quantised codes (few-row forwards), a
-# dense tensor in oneDNN's layout or the codes as int8 GEMM blocks (extends).
-Weight = torch.Tensor | PackedWeight | OneDnnWeight | Int8Weight
+# A projection's weight: a dense tensor, the GGUF file's own codes (`GgmlWeight`, every row
+# count), or a dense tensor in oneDNN's layout (extends).
+Weight = torch.Tensor | GgmlWeight | OneDnnWeight
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` computed in the weight's dtype (fp32 for packed codes, int8 with
-    fp32 scales for int8 blocks), returned in `x`'s dtype."""
-    if isinstance(weight, PackedWeight):
-        return qlinear(x, weight, bias).to(x.dtype)
-    if isinstance(weight, Int8Weight):
-        return int8_linear(x, weight, bias).to(x.dtype)
+    """`x @ weight.T + bias` computed in the weight's dtype (int8 rows with fp32 scales, or fp32,
+    for GGUF codes), returned in `x`'s dtype."""
+    if isinstance(weight, GgmlWeight):
+        return ggml_linear(x, weight, bias).to(x.dtype)
     if isinstance(weight, OneDnnWeight):
         return onednn_linear(x, weight, bias)
     if weight.dtype == x.dtype:

@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import rowops
-from engine.models.int8_gemm import Int8Weight, int8_linear
+from engine.models.ggml_weight import GgmlWeight, ggml_linear
 from engine.models.linear import Weight, linear
-from engine.models.quant import PackedWeight, qlinear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -106,11 +105,8 @@ class CpuOps(TorchOps):
                     bias: torch.Tensor | None = None) -> None:
         # The codes kernel adds into the residual itself: no product tensor, no extra pass.
         if (bias is None and residual.dtype == torch.float32 and residual.is_contiguous()):
-            if isinstance(weight, PackedWeight):
-                qlinear(x, weight, add_to=residual)
-                return
-            if isinstance(weight, Int8Weight):
-                int8_linear(x, weight, add_to=residual)
+            if isinstance(weight, GgmlWeight):
+                ggml_linear(x, weight, add_to=residual)
                 return
         super().add_linear_(residual, x, weight, bias)
 

@@ -19,6 +19,8 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModel
+from engine.models.ggml_weight import GgmlTensor, GgmlWeight, Table
+from engine.models.linear import Weight
 from engine.models.weights import LayerWeights, ModelWeights, MoEWeights
 
 Transform = Callable[[torch.Tensor, ModelConfig], torch.Tensor]
@@ -153,14 +155,32 @@ def _slot(shape: tuple[int, ...],
 
 
 class Assembler:
-    """Collects canonical tensors in `dtype`, checking each against the config's shapes."""
+    """Collects canonical tensors in `dtype` (or as GGUF codes), checking each against the
+    config's shapes."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         self.cfg = cfg
         self.dtype = dtype
         self.shapes = expected_shapes(cfg)
-        self.tensors: dict[str, torch.Tensor] = {}
+        self.tensors: dict[str, torch.Tensor | GgmlTensor] = {}
         self._filled: dict[str, int] = {}  # parts filled of a tensor assembled from parts
+
+    def put_codes(self, source: str, placement: Placement, codes: GgmlTensor) -> None:
+        """A whole quantised tensor kept as its codes (a row permutation, llama's Q/K, copies
+        the rows; no other transform applies to codes)."""
+        target = placement.target
+        if target not in self.shapes or placement.expert is not None or placement.part:
+            raise UnsupportedModel(f"checkpoint tensor '{source}' ({target}) cannot be read "
+                                   "from its codes here")
+        if isinstance(placement.transform, RowPermutation):
+            codes = codes.rows(placement.transform.index(self.cfg, codes.n))
+        elif placement.transform is not None:
+            raise UnsupportedModel(f"checkpoint tensor '{source}' needs a transform its codes "
+                                   "do not take")
+        _check_shape(source, target, (codes.n, codes.k), self.shapes[target])
+        if target in self.tensors:
+            raise UnsupportedModel(f"checkpoint has '{target}' twice (last: '{source}')")
+        self.tensors[target] = codes
 
     def put(self, source: str, placement: Placement, tensor: torch.Tensor) -> None:
         target = placement.target
@@ -181,19 +201,35 @@ class Assembler:
         whole = self.tensors.get(target)
         if whole is None:
             whole = self.tensors[target] = torch.empty(shape, dtype=self.dtype)
+        assert isinstance(whole, torch.Tensor)
         whole[index] = tensor
         self._filled[target] = self._filled.get(target, 0) + tensor.numel()
 
-    def finish(self) -> dict[str, torch.Tensor]:
+    def finish(self) -> dict[str, torch.Tensor | GgmlTensor]:
         """The tensors, after checking that every needed one came whole."""
         missing = [name for name in self.shapes if name not in self.tensors]
         partial = [name for name, count in self._filled.items()
-                   if count != self.tensors[name].numel()]
+                   if count != _numel(self.tensors[name])]
         if missing or partial:
             what = [f"'{n}'" for n in missing[:6]] + [f"'{n}' (some experts)" for n in partial[:6]]
             raise UnsupportedModel(f"checkpoint lacks {len(missing) + len(partial)} tensors the "
                                    f"config needs: {', '.join(what)}")
         return self.tensors
+
+
+def _numel(tensor: torch.Tensor | GgmlTensor) -> int:
+    return tensor.numel() if isinstance(tensor, torch.Tensor) else tensor.n * tensor.k
+
+
+def fuse(parts: list[torch.Tensor | GgmlTensor]) -> Weight:
+    """Tensors fused by rows into one weight: codes stay codes (`GgmlWeight`, whatever their
+    types); dense tensors are concatenated. Codes fused with a dense tensor (a GGUF that
+    quantised q and k but kept v in F16) are dequantised to join it."""
+    if all(isinstance(p, GgmlTensor) for p in parts):
+        return GgmlWeight(tuple(p for p in parts if isinstance(p, GgmlTensor)))
+    dense = [p if isinstance(p, torch.Tensor) else GgmlWeight((p,)).dense() for p in parts]
+    dtype = next(p.dtype for p in parts if isinstance(p, torch.Tensor))
+    return torch.cat([d.to(dtype) for d in dense]) if len(dense) > 1 else dense[0]
 
 
 def _check_shape(source: str, target: str, got: tuple[int, ...],
@@ -211,18 +247,31 @@ def _keep_dtype(target: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.
     return out.contiguous()
 
 
-def build_weights(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> ModelWeights:
-    """The decoder's weights from `Assembler.finish()`'s tensors, consumed as they are fused."""
+def build_weights(cfg: ModelConfig,
+                  tensors: dict[str, torch.Tensor | GgmlTensor]) -> ModelWeights:
+    """The decoder's weights from `Assembler.finish()`'s tensors, consumed as they are fused.
+    Codes may fill the projections, the embedding and the lm_head; everything else is dense."""
     def take(name: str) -> torch.Tensor:
-        return tensors.pop(name)
+        tensor = tensors.pop(name)
+        if not isinstance(tensor, torch.Tensor):
+            raise UnsupportedModel(f"'{name}' must be dense, not {tensor.qtype.name} codes")
+        return tensor
+
+    def weight(name: str) -> Weight:
+        return fuse([tensors.pop(name)])
+
+    def table(name: str) -> Table:
+        fused = fuse([tensors.pop(name)])
+        assert isinstance(fused, torch.Tensor | GgmlWeight)
+        return fused
 
     def maybe(name: str) -> torch.Tensor | None:
-        return tensors.pop(name, None)
+        return take(name) if name in tensors else None
 
     layers = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        qkv = torch.cat([take(p + "q"), take(p + "k"), take(p + "v")])
+        qkv = fuse([tensors.pop(p + "q"), tensors.pop(p + "k"), tensors.pop(p + "v")])
         biases = [maybe(p + n) for n in ("q_bias", "k_bias", "v_bias")]
         qkv_bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None \
             else None
@@ -234,16 +283,16 @@ def build_weights(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> ModelWe
                              gate_up_bias=maybe(p + "experts.gate_up_bias"),
                              down_bias=maybe(p + "experts.down_bias"))
         else:
-            gate_up = torch.cat([take(p + "gate"), take(p + "up")])
-            down = take(p + "down")
+            gate_up = fuse([tensors.pop(p + "gate"), tensors.pop(p + "up")])
+            down = weight(p + "down")
         layers.append(LayerWeights(
-            attn_norm=take(p + "attn_norm"), qkv=qkv, qkv_bias=qkv_bias, o=take(p + "o"),
+            attn_norm=take(p + "attn_norm"), qkv=qkv, qkv_bias=qkv_bias, o=weight(p + "o"),
             ffn_norm=take(p + "ffn_norm"), gate_up=gate_up, down=down, o_bias=maybe(p + "o_bias"),
             q_norm=maybe(p + "q_norm"), k_norm=maybe(p + "k_norm"),
             post_attn_norm=maybe(p + "post_attn_norm"), post_ffn_norm=maybe(p + "post_ffn_norm"),
             sinks=maybe(p + "sinks"), moe=moe))
-    embed = take("embed")
-    lm_head = embed if cfg.tie_word_embeddings else take("lm_head")
+    embed = table("embed")
+    lm_head = embed if cfg.tie_word_embeddings else table("lm_head")
     return ModelWeights(embed=embed, layers=layers, norm=take("norm"), lm_head=lm_head)
 
 

@@ -1,8 +1,9 @@
 """A decoder's weights, and the alternative forms the CPU forwards read them in.
 
 Every family fills the same structures (q/k/v and gate/up fused for one GEMM each); fields a
-family does not use stay None. `PackedWeights` and `MixedPrecision` describe optimised copies of
-the projections; the dense tensors in `ModelWeights` stay the reference.
+family does not use stay None. A projection, the embedding and the lm_head are dense tensors or
+the GGUF file's own codes (`GgmlWeight`). `PackedWeights` and `MixedPrecision` describe the forms
+the CPU forwards read (oneDNN copies, bf16 copies of dense projections).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 
 import torch
 
+from engine.models.ggml_weight import GgmlWeight, Table
 from engine.models.linear import Weight
-from engine.models.quant import PackedWeight
 
 
 @dataclass
@@ -61,15 +62,16 @@ class LayerWeights:
 
 @dataclass
 class ModelWeights:
-    embed: torch.Tensor  # (vocab, hidden)
+    embed: Table  # (vocab, hidden): dense, or the GGUF's codes (rows gathered)
     layers: list[LayerWeights]
     norm: torch.Tensor
-    lm_head: torch.Tensor  # (vocab, hidden); the same tensor as `embed` when tied
+    lm_head: Table  # (vocab, hidden); the same object as `embed` when tied
 
     def to(self, device: torch.device | str) -> ModelWeights:
-        """Every tensor on `device`; a tied lm_head stays the embedding's tensor."""
-        embed = self.embed.to(device)
-        lm_head = embed if self.lm_head is self.embed else self.lm_head.to(device)
+        """Every tensor on `device`; a tied lm_head stays the embedding's tensor. Codes
+        (GgmlWeight) run on the CPU only: move a model with codes only to the CPU."""
+        embed = _move(self.embed, device)
+        lm_head = embed if self.lm_head is self.embed else _move(self.lm_head, device)
         return ModelWeights(embed, [layer.to(device) for layer in self.layers],
                             self.norm.to(device), lm_head)
 
@@ -85,8 +87,8 @@ class MixedPrecision:
     them in the model's dtype (with the default min_rows of 1, every forward uses `dtype`).
     Norms, rotary and the residual stream stay in the model's dtype; the KV pool is in `dtype`
     when `kv` (else the model's), one pool that every step reads and writes, and attention
-    computes its GEMMs in the pool's dtype. Packed decode steps (the GGUF codes kernel) stay
-    fp32 whatever `min_rows` says. `min_rows` is where the lower-precision GEMM starts to win
+    computes its GEMMs in the pool's dtype. GGUF codes keep their own path whatever `dtype`
+    says. `min_rows` is where the lower-precision GEMM starts to win
     on the CPU (benchmarks/model_speed.py measures it)."""
 
     dtype: torch.dtype = torch.bfloat16
@@ -105,35 +107,36 @@ class MixedPrecision:
 
 @dataclass(frozen=True)
 class PackedWeights:
-    """The projections in the layouts this CPU's kernels read fastest, with the same values as
-    the dense fp32 weights. Forwards of at most `max_rows` rows (decodes, draft verifications)
-    take `decode_layers` and `lm_head`: the GGUF's own quantised codes (engine.models.quant),
-    read at 4.5-8.5 bits a weight instead of 32. Longer forwards (prefill chunks) take
-    `extend_layers`: the dense weights in oneDNN's blocked layout (engine.models.onednn), the
-    codes as int8 GEMM blocks (engine.models.int8_gemm, `--dtype int8`), or the dense tensors
-    themselves when None. A projection a kernel cannot read stays dense."""
+    """What the CPU forwards read (through the C row ops): forwards of at most `max_rows` rows
+    (decodes, draft verifications) take `decode_layers` and `lm_head`, longer ones (prefill
+    chunks) `extend_layers` (None: the decode layers). GGUF codes (`GgmlWeight`) give a row the
+    same bits in any forward, so a model whose projections are all codes takes one path for
+    every row (`max_rows` unbounded); dense fp32 projections decode as they are and extend on
+    copies in oneDNN's blocked layout (engine.models.onednn)."""
 
     decode_layers: tuple[LayerWeights, ...]
-    lm_head: Weight
-    # Where the codes kernel stops beating the fp32 GEMM on 2 AVX2 cores: each row adds its
-    # FMAs to one unpacking of the codes, while the GEMM's cost is reading fp32 weights.
+    lm_head: Table
+    # Where dense decodes hand over to oneDNN's extends.
     max_rows: int = 16
     extend_layers: tuple[LayerWeights, ...] | None = None
 
+    def codes(self) -> list[GgmlWeight]:
+        weights = [w for layer in self.decode_layers for w in projections(layer)]
+        return [w for w in [*weights, self.lm_head] if isinstance(w, GgmlWeight)]
+
     @property
     def nbytes(self) -> int:
-        """Bytes of the GGUF codes (dense fallbacks and oneDNN copies not counted)."""
-        weights = [w for layer in self.decode_layers for w in projections(layer)]
-        return sum(w.nbytes for w in [*weights, self.lm_head] if isinstance(w, PackedWeight))
+        """Bytes of the GGUF codes read (dense tensors and oneDNN copies not counted)."""
+        return sum(w.nbytes for w in self.codes())
 
     @property
     def name(self) -> str:
-        extends = "dense"
-        if self.extend_layers is not None:
-            kinds = {type(w).__name__ for layer in self.extend_layers for w in projections(layer)}
-            extends = "int8" if "Int8Weight" in kinds else "onednn"
-        decodes = f"gguf codes (<= {self.max_rows} rows)" if self.nbytes else "dense decodes"
-        return f"{decodes}, {extends} extends"
+        codes = self.codes()
+        if codes:
+            types = "+".join(dict.fromkeys(t for w in codes for t in w.type_names.split("+")))
+            path = "int8" if codes[0].int8 else "fp32"
+            return f"gguf codes ({types}) on the {path} path"
+        return f"dense decodes, {'dense' if self.extend_layers is None else 'onednn'} extends"
 
 
 def projections(layer: LayerWeights) -> list[Weight]:

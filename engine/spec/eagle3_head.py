@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.errors import InvalidDraftHead
+from engine.models.ggml_weight import Table, dense_table, embedding
 from engine.models.ops import apply_rotary, rms_norm
 from engine.models.rope import inverse_frequencies
 from engine.spec.eagle3_checkpoint import D2T, EMBED, LM_HEAD, read_eagle3_checkpoint
@@ -111,14 +112,15 @@ class Eagle3Head:
     reference, rows cast on lookup, so no copy of a large vocabulary is made)."""
 
     def __init__(self, config: Eagle3Config, tensors: Mapping[str, torch.Tensor],
-                 embed: torch.Tensor, dtype: torch.dtype) -> None:
+                 embed: Table, dtype: torch.dtype) -> None:
         self.config = config
         self.dtype = dtype
         self.weights = {name: t.to(dtype) for name, t in tensors.items()
                         if name not in (D2T, EMBED, LM_HEAD)}
         self.embed = embed
         # Tied heads read their logits off the (full-vocabulary) embedding, as SGLang does.
-        self.lm_head = (embed if config.tie_word_embeddings else tensors[LM_HEAD]).to(dtype)
+        self.lm_head = (dense_table(embed) if config.tie_word_embeddings
+                        else tensors[LM_HEAD]).to(dtype)
         d2t = tensors.get(D2T)
         offsets = torch.zeros(config.draft_vocab_size, dtype=torch.int64) if d2t is None \
             else d2t.to(torch.int64)
@@ -159,7 +161,7 @@ class Eagle3Head:
         eps = cfg.rms_norm_eps
         normed_h = rms_norm(h, w["midlayer.hidden_norm.weight"], eps)
         residual = normed_h if cfg.norm_before_residual else h
-        emb = self.embed[token_ids].to(self.dtype)
+        emb = embedding(token_ids, self.embed).to(self.dtype)
         x = torch.cat([rms_norm(emb, w["midlayer.input_layernorm.weight"], eps), normed_h], -1)
         attn = self._attention(x, positions, kvs, extend_lens, masks)
         residual = residual + attn @ w["midlayer.self_attn.o_proj.weight"].T
@@ -223,7 +225,7 @@ class Eagle3Head:
         return apply_rotary(heads.float(), cos, sin).to(self.dtype)
 
 
-def load_eagle3_head(path: str | Path, *, target_config: ModelConfig, target_embed: torch.Tensor,
+def load_eagle3_head(path: str | Path, *, target_config: ModelConfig, target_embed: Table,
                      dtype: torch.dtype) -> Eagle3Head:
     """Load the head in folder `path` (public format, eagle3_checkpoint) for the target described
     by `target_config`. `target_embed`: the target's (vocab_size, hidden) embedding, used when
@@ -231,7 +233,7 @@ def load_eagle3_head(path: str | Path, *, target_config: ModelConfig, target_emb
     file and field or tensor when the head is missing, damaged or does not fit the target."""
     checkpoint = read_eagle3_checkpoint(path, target_config=target_config)
     config = checkpoint.config
-    embed = checkpoint.tensors.get(EMBED)
+    embed: Table | None = checkpoint.tensors.get(EMBED)
     if embed is None:
         expected = (config.vocab_size, config.hidden_size)
         if tuple(target_embed.shape) != expected:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from engine.config import Rope
+from engine.models.ggml_weight import dense_table, embedding
 from engine.models.loader import LoadedModel
 from engine.spec.eagle3_checkpoint import (
     D2T,
@@ -116,7 +117,7 @@ def initial_tensors(loaded: LoadedModel, config: Eagle3Config, draft_ids: torch.
     # then starts near a late target hidden state, on the scale the lm_head rows expect.
     h = config.hidden_size
     out["fc.weight"][:, -h:] += torch.eye(h)
-    out[LM_HEAD] = weights.lm_head[draft_ids].float().clone()
+    out[LM_HEAD] = embedding(draft_ids, weights.lm_head).float().clone()
     out["norm.weight"] = weights.norm.float().clone()
     return out
 
@@ -157,7 +158,7 @@ def train_draft(loaded: LoadedModel, options: TrainOptions) -> TrainableEagle3He
     draft_ids = draft_vocabulary(samples, loaded.model.config.vocab_size, options.draft_vocab)
     config = head_config(loaded, options.draft_vocab, layers)
     head = TrainableEagle3Head(config, initial_tensors(loaded, config, draft_ids, options.seed),
-                               loaded.model.weights.embed, draft_ids)
+                               dense_table(loaded.model.weights.embed), draft_ids)
     optimizer = torch.optim.AdamW(head.parameters(), lr=options.lr, weight_decay=0.0)
     state_path = work / "state.pt"
     done_steps = 0
@@ -170,7 +171,7 @@ def train_draft(loaded: LoadedModel, options: TrainOptions) -> TrainableEagle3He
     started = time.perf_counter()
     captured = [capture_sample(loaded, s, layers) for s in samples]
     _log(f"captured {len(samples)} samples in {time.perf_counter() - started:.0f} s")
-    lm_rows = loaded.model.weights.lm_head[draft_ids].float()
+    lm_rows = embedding(draft_ids, loaded.model.weights.lm_head).float()
     num_eval = max(1, int(len(samples) * EVAL_FRACTION)) if len(samples) > 1 else 0
     train_idx = list(range(len(samples) - num_eval))
     total = options.epochs * len(train_idx)

@@ -17,17 +17,15 @@ Rank r of tp holds (Megatron-style; `n / tp` of everything split, in order):
   logits and samples; followers hold an empty one.
 - KV: the rank's model config counts its nkv/tp KV heads, so the pool built from it holds them.
 
-Quantised weights (the GGUF codes kernel, engine.models.quant). A column split selects whole
-output rows of codes (`PackedWeight.rows`), exact for every format. A row split cuts the input
-dim, along which codes come in blocks of 32 weights with their own scale (and offset). K-quant
-super-blocks of 256 are already repacked at load into such 32-weight sub-blocks, each with its
-own scale and offset (`quant._pack_q4_k`), so the shard keeps its codes, sliced by block,
-whenever its column range starts and ends on a multiple of 32 (SmolLM2-135M over 3 ranks: o's
-192 and down's 512 columns). Otherwise (intermediate 96 over 2 ranks: 48 columns) the shard is
-the dense fp32 slice of the weight, the same values the codes hold (the loader dequantises them
-bit for bit), and that projection decodes from fp32 on that rank. Types the kernel does not read
-(Q5_K, Q6_K, F16) are dense already and split as dense. Extend layouts are rebuilt from the
-shards: int8 GEMM blocks from the sliced codes, oneDNN copies from the dense slices.
+Quantised weights (GGUF codes, engine.models.ggml_weight). A column split selects whole output
+rows of codes (`GgmlWeight.select_rows`), exact for every type. A row split cuts the input dim,
+along which codes come in blocks of 32 (256 for the K-quants) with their own scales, so the
+shard keeps its codes, sliced by block, whenever its column range starts and ends on a block
+boundary (the 1.5B's o over 2 ranks: 768 columns of Q4_K; SmolLM2-135M over 3: 192 columns of
+Q4_1). Otherwise (intermediate 96 over 2 ranks: 48 columns) the shard is the dense fp32 slice
+of the weight, the same values the codes hold (gguf's dequantiser, bit for bit), and that
+projection runs fp32 on that rank. oneDNN copies of dense projections are rebuilt from the
+shards.
 """
 
 from __future__ import annotations
@@ -39,17 +37,15 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import InvalidParallelism
 from engine.models.decoder import DecoderModel, Reduce
-from engine.models.int8_gemm import Int8Weight
+from engine.models.ggml_weight import GgmlWeight, Table
 from engine.models.linear import Weight
-from engine.models.loader import int8_extend_layer, onednn_extend_layer
-from engine.models.quant import BLOCK, PackedWeight
+from engine.models.loader import onednn_extend_layer
 from engine.models.weights import (
     LayerWeights,
     MixedPrecision,
     ModelWeights,
     MoEWeights,
     PackedWeights,
-    projections,
 )
 
 
@@ -63,7 +59,7 @@ class ModelShard:
     dtype: torch.dtype
     mixed: MixedPrecision | None
     packed: PackedWeights | None  # decode layers and lm_head; extend_layers None
-    extend_kind: str | None  # "int8", "onednn", or None: extends on the dense weights
+    extend_kind: str | None  # "onednn", or None: extends on the shard's own weights
 
 
 def check_split(config: ModelConfig, tp: int) -> None:
@@ -122,25 +118,25 @@ class _Split:
         return torch.cat([units, intermediate + units])
 
 
-def _rows(weight: Weight, index: torch.Tensor, dense: torch.Tensor) -> Weight:
-    """Column-parallel: the rows `index` of a decode weight (codes keep their codes)."""
-    return weight.rows(index) if isinstance(weight, PackedWeight) else dense
+def _rows(weight: Weight | None, index: torch.Tensor) -> Weight:
+    """Column-parallel: the rows `index` of a weight (codes keep their codes)."""
+    if isinstance(weight, GgmlWeight):
+        return weight.select_rows(index)
+    return _copy(_dense(weight)[index])
 
 
-def _cols(weight: Weight, start: int, stop: int, dense: torch.Tensor) -> Weight:
-    """Row-parallel: columns [start, stop) of a decode weight; codes keep their codes when the
-    range falls on block boundaries, else the dense slice (the same values) stands in."""
-    if isinstance(weight, PackedWeight) and start % BLOCK == 0 and stop % BLOCK == 0:
-        blocks = slice(start // BLOCK, stop // BLOCK)
-        return PackedWeight(weight.fmt, weight.codes[:, blocks].contiguous(),
-                            weight.d[:, blocks].contiguous(),
-                            None if weight.m is None else weight.m[:, blocks].contiguous())
-    return dense
+def _cols(weight: Weight | None, start: int, stop: int) -> Weight:
+    """Row-parallel: columns [start, stop) of a weight; codes keep their codes when the range
+    falls on block boundaries, else the dense slice (the same values) stands in."""
+    if isinstance(weight, GgmlWeight):
+        sliced = weight.columns(start, stop)
+        return sliced if sliced is not None else weight.dense()[:, start:stop].contiguous()
+    return _copy(_dense(weight)[:, start:stop])
 
 
 def _dense(weight: Weight | None) -> torch.Tensor:
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"the reference weights are dense, got {type(weight).__name__}")
+        raise TypeError(f"expected a dense weight, got {type(weight).__name__}")
     return weight
 
 
@@ -163,45 +159,22 @@ def _moe(moe: MoEWeights, split: _Split) -> MoEWeights:
 
 
 def _layer(layer: LayerWeights, split: _Split) -> LayerWeights:
-    """The rank's part of one dense reference layer."""
+    """The rank's part of one layer."""
     qkv_rows = split.qkv_rows
     q_start, q_stop = split.head_span(split.config.num_heads)
     heads = split.span(split.config.num_heads)
     gate_up = down = None
     if layer.gate_up is not None:
-        gate_up_dense = _dense(layer.gate_up)
-        start, stop = split.span(gate_up_dense.shape[0] // 2)
-        gate_up = _copy(gate_up_dense[split.gate_up_rows(gate_up_dense.shape[0] // 2)])
-        down = _copy(_dense(layer.down)[:, start:stop])
+        intermediate = layer.gate_up.shape[0] // 2
+        start, stop = split.span(intermediate)
+        gate_up = _rows(layer.gate_up, split.gate_up_rows(intermediate))
+        down = _cols(layer.down, start, stop)
     return replace(
-        layer, qkv=_copy(_dense(layer.qkv)[qkv_rows]),
+        layer, qkv=_rows(layer.qkv, qkv_rows),
         qkv_bias=None if layer.qkv_bias is None else _copy(layer.qkv_bias[qkv_rows]),
-        o=_copy(_dense(layer.o)[:, q_start:q_stop]), gate_up=gate_up, down=down,
+        o=_cols(layer.o, q_start, q_stop), gate_up=gate_up, down=down,
         sinks=None if layer.sinks is None else _copy(layer.sinks[heads[0]:heads[1]]),
         moe=None if layer.moe is None else _moe(layer.moe, split))
-
-
-def _decode_layer(codes: LayerWeights, shard: LayerWeights, split: _Split) -> LayerWeights:
-    """The rank's decode weights: `shard` (its dense layer) with each projection the GGUF's
-    codes hold taken from the codes."""
-    q_start, q_stop = split.head_span(split.config.num_heads)
-    gate_up, down = shard.gate_up, shard.down
-    if codes.gate_up is not None and gate_up is not None and down is not None:
-        intermediate = _dense(down).shape[1] * split.tp
-        start, stop = split.span(intermediate)
-        gate_up = _rows(codes.gate_up, split.gate_up_rows(intermediate), _dense(gate_up))
-        assert codes.down is not None
-        down = _cols(codes.down, start, stop, _dense(down))
-    return replace(shard, qkv=_rows(codes.qkv, split.qkv_rows, _dense(shard.qkv)),
-                   o=_cols(codes.o, q_start, q_stop, _dense(shard.o)),
-                   gate_up=gate_up, down=down)
-
-
-def _extend_kind(packed: PackedWeights | None) -> str | None:
-    if packed is None or packed.extend_layers is None:
-        return None
-    kinds = {type(w) for layer in packed.extend_layers for w in projections(layer)}
-    return "int8" if Int8Weight in kinds else "onednn"
 
 
 def shard_model(model: DecoderModel, tp: int, rank: int) -> ModelShard:
@@ -211,29 +184,24 @@ def shard_model(model: DecoderModel, tp: int, rank: int) -> ModelShard:
     split = _Split(cfg, tp, rank)
     w = model.weights
     layers = [_layer(layer, split) for layer in w.layers]
-    if rank == 0:
-        lm_head = w.embed if w.lm_head is w.embed else w.lm_head
-    else:
-        lm_head = w.embed.new_empty((0, w.embed.shape[1]))
+    lm_head: Table = w.lm_head
+    if rank != 0:
+        lm_head = torch.empty((0, cfg.hidden_size), dtype=w.norm.dtype)
     weights = ModelWeights(w.embed, layers, w.norm, lm_head)
     packed = None
     if model.packed is not None:
-        decode = tuple(_decode_layer(codes, layer, split)
-                       for codes, layer in zip(model.packed.decode_layers, layers, strict=True))
-        packed = replace(model.packed, decode_layers=decode, extend_layers=None,
-                         lm_head=model.packed.lm_head if rank == 0 else lm_head)
+        packed = replace(model.packed, decode_layers=tuple(layers), extend_layers=None,
+                         lm_head=lm_head)
+    extend_kind = ("onednn" if model.packed is not None and model.packed.extend_layers
+                   else None)
     return ModelShard(local_config(cfg, tp), weights, model.dtype, model.mixed, packed,
-                      _extend_kind(model.packed))
+                      extend_kind)
 
 
 def build_model(shard: ModelShard, reduce: Reduce) -> DecoderModel:
     """The rank's model from its shard, summing partial outputs with `reduce`."""
     packed = shard.packed
-    if packed is not None and shard.extend_kind == "int8":
-        packed = replace(packed, extend_layers=tuple(
-            int8_extend_layer(dense, codes)
-            for dense, codes in zip(shard.weights.layers, packed.decode_layers, strict=True)))
-    elif packed is not None and shard.extend_kind == "onednn":
+    if packed is not None and shard.extend_kind == "onednn":
         packed = replace(packed, extend_layers=tuple(
             onednn_extend_layer(layer) for layer in shard.weights.layers))
     return DecoderModel(shard.config, shard.weights, shard.dtype, shard.mixed, packed, reduce)

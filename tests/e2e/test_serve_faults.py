@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -202,3 +203,32 @@ def test_no_child_outlives_a_sigkilled_serve(server: ServeProcess) -> None:
     children = [pids["engine_pid"], pids["valkey_pid"]]
     server.stop(signal.SIGKILL)
     assert wait_gone(children, 5.0) == []
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_text():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_truncated_model_stops_serve_naming_the_tensor(tmp_path: Path) -> None:
+    """A GGUF cut short (an interrupted download): `serve` exits with an error that names the
+    tensor whose bytes are missing, and leaves no engine worker or store behind."""
+    from engine.models.locate import resolve_model_path
+
+    cut = tmp_path / "cut.gguf"
+    whole = resolve_model_path("smollm2-135m").read_bytes()
+    cut.write_bytes(whole[: len(whole) * 3 // 5])
+    with pytest.raises(AssertionError, match=r"serve exited \(\d+\)") as failed:
+        ServeProcess.start(tmp_path / "state", "--model", str(cut))
+    assert re.search(r"tensor '[^']+'.*truncated or corrupt", str(failed.value)), failed.value
+    deadline = time.monotonic() + 10
+    while _processes_naming(str(cut)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_naming(str(cut)) == []
+    assert _processes_naming(str(tmp_path / "state")) == []

@@ -20,11 +20,12 @@ KERNEL_TESTS = (
     "tests/engine/attention/test_cpu_extend.py",
     "tests/engine/attention/test_cpu_paged_spec.py",
     "tests/engine/models/test_rowops.py",
-    "tests/engine/models/test_quant.py",
-    "tests/engine/models/test_int8_gemm.py",
+    "tests/engine/models/test_ggml_vec.py",
+    "tests/engine/models/test_ggml_gemm.py",
+    "tests/engine/models/test_ggml_f32.py",
+    "tests/engine/models/test_ggml_model.py",
     "tests/engine/models/test_onednn.py",
     "tests/engine/test_mixed_precision.py",
-    "tests/e2e/test_packed_decode.py",
 )
 # The --deterministic test on the AVX2 build only: every forward of it takes the decode kernels,
 # and the no-AVX2 build's scalar ones took 10 minutes of it on 2 Ice Lake cores (the kernel
@@ -49,5 +50,5 @@ def test_a_lower_cpu_class_passes_the_kernel_tests(isa: str, tmp_path: Path) -> 
     assert done.returncode == 0, tail
     simd = isa_builds.SIMD[isa]
     extend = {"avx2": "avx2", "baseline": "portable"}[isa]
-    assert (f"radixgate C kernels: attention {simd}, extend attention {extend}, projections "
-            f"{simd}, int8 extends portable") in done.stdout, tail
+    assert (f"radixgate C kernels: attention {simd}, extend attention {extend}, int8 gemv "
+            f"{simd}, int8 gemm {simd}, fp32 codes {simd}") in done.stdout, tail

@@ -101,3 +101,20 @@ def test_misshapen_tensor_names_both_shapes(source: Path, tmp_path: Path) -> Non
     with pytest.raises(UnsupportedModel,
                        match=r"'blk\.0\.attn_q\.weight'.*\[48, 64\].*\[64, 64\]"):
         _load(rewrite(source, tmp_path / "shape.gguf", edit=shrink))
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q4_k_m"])
+@pytest.mark.parametrize("keep", [0.5, 0.999])
+def test_truncated_file_names_the_tensor_cut_off(qtype: str, keep: float,
+                                                  tmp_path: Path) -> None:
+    """A download cut short: the header reads, a tensor's bytes run past the end. Refused at
+    load, naming that tensor, with nothing built (the dense path, and the codes path that
+    would otherwise map the missing bytes)."""
+    folder = build_tiny("qwen2", tmp_path / "qwen2",
+                        overrides={"hidden_size": 256, "intermediate_size": 512})
+    whole = convert(folder, tmp_path / f"{qtype}.gguf", qtype=qtype).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: int(len(whole) * keep)])
+    for packed in (True, False):
+        with pytest.raises(UnsupportedModel, match=r"tensor '[^']+'.*truncated or corrupt"):
+            load_model(str(cut), "fp32", show_progress=False, packed=packed)

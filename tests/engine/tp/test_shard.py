@@ -13,8 +13,8 @@ import torch
 from engine.config import ModelConfig, MoEConfig
 from engine.engine import Engine, EngineConfig
 from engine.errors import InvalidParallelism
+from engine.models.ggml_weight import GgmlWeight
 from engine.models.loader import LoadedModel, load_model
-from engine.models.quant import PackedWeight
 from engine.models.weights import PackedWeights
 from engine.tp.launch import check_options
 from engine.tp.shard import check_split, shard_model
@@ -79,26 +79,33 @@ def q8_model(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Load
 
 def test_shards_keep_codes_on_block_boundaries(q8_model: LoadedModel) -> None:
     """q/k/v and gate/up rows keep their codes; o's 32 columns a rank keep theirs (one block);
-    down's 48 are not whole blocks and become the dense slice. Every decode weight holds the
-    same values as the rank's dense weight, and the ranks' dense weights tile the whole."""
+    down's 48 are not whole blocks and become the dense slice (the same values). The ranks'
+    weights tile the whole model's."""
     model = q8_model.model
     assert isinstance(model.packed, PackedWeights)
     shards = [shard_model(model, 2, rank) for rank in range(2)]
     for shard in shards:
-        assert shard.packed is not None
-        dense, codes = shard.weights.layers[0], shard.packed.decode_layers[0]
+        layer = shard.weights.layers[0]
         for name in ("qkv", "o", "gate_up"):
-            weight = getattr(codes, name)
-            assert isinstance(weight, PackedWeight), name
-            assert torch.equal(weight.dequantize(), getattr(dense, name)), name
-        assert isinstance(codes.down, torch.Tensor) and codes.down is dense.down
+            assert isinstance(getattr(layer, name), GgmlWeight), name
+        assert isinstance(layer.down, torch.Tensor)
+        assert shard.packed is not None and shard.packed.decode_layers[0] is layer
         assert shard.config.num_heads == 2 and shard.config.num_kv_heads == 1
-    def whole(name: str, layers: list[object]) -> torch.Tensor:
-        parts = [getattr(layer, name) for layer in layers]
-        assert all(isinstance(p, torch.Tensor) for p in parts)
-        return torch.cat(parts, dim=1)
 
+    def dense(weight: object) -> torch.Tensor:
+        if isinstance(weight, GgmlWeight):
+            return weight.dense()
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
+    whole = model.weights.layers[0]
     for name in ("o", "down"):  # the row-parallel ones: split along the input dim
-        assert torch.equal(whole(name, [s.weights.layers[0] for s in shards]),
-                           whole(name, [model.weights.layers[0]]))
-    assert shards[0].weights.lm_head.numel() > 0 and shards[1].weights.lm_head.numel() == 0
+        parts = [dense(getattr(s.weights.layers[0], name)) for s in shards]
+        assert torch.equal(torch.cat(parts, dim=1), dense(getattr(whole, name))), name
+    gate_up = [dense(s.weights.layers[0].gate_up) for s in shards]
+    half = [g.chunk(2) for g in gate_up]  # each rank: its gate units, then its up units
+    assert torch.equal(torch.cat([h[0] for h in half] + [h[1] for h in half]),
+                       dense(whole.gate_up))
+    assert isinstance(shards[1].weights.lm_head, torch.Tensor)
+    assert shards[1].weights.lm_head.numel() == 0
+    assert shards[0].weights.lm_head is model.weights.lm_head

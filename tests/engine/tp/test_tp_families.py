@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from engine.models.ggml_weight import GgmlWeight
 from engine.models.loader import load_model
-from engine.models.quant import PackedWeight
 from tests.engine.tp.tp_runs import greedy
 from tests.gguf_convert import convert
 from tests.tiny_hf import FAMILIES, build_tiny
@@ -23,7 +23,8 @@ def test_tp2_greedy_equals_tp1(family: str, tmp_path: Path) -> None:
 
 
 # q8_0 at hidden 64: o's 32 columns a rank keep their codes, down's 48 fall back to fp32.
-# q4_k_m at hidden 256: Q4_K codes (sub-blocks of 32) split, Q6_K and Q5_0 beside them.
+# q4_k_m at hidden 256: Q4_K codes split on super-blocks of 256 where they can, Q6_K and Q5_0
+# beside them; the rest fall back to fp32 slices.
 QUANTISED: list[tuple[str, dict[str, Any]]] = [
     ("q8_0", {}), ("q4_k_m", {"hidden_size": 256, "intermediate_size": 512})]
 
@@ -36,6 +37,6 @@ def test_quantised_tp2_greedy_equals_tp1(qtype: str, overrides: dict[str, Any],
     loaded = load_model(str(convert(folder, tmp_path / f"{qtype}.gguf", qtype=qtype)), "fp32",
                         show_progress=False)
     packed = loaded.model.packed
-    assert packed is not None and isinstance(packed.decode_layers[0].qkv, PackedWeight)
+    assert packed is not None and isinstance(packed.decode_layers[0].qkv, GgmlWeight)
     reference = greedy(loaded, tp=1)
     assert greedy(loaded, tp=2) == reference
