@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.cpu_class import cpu_class
+
 if TYPE_CHECKING:
     from engine.models.loader import LoadedModel
 
@@ -55,6 +57,7 @@ def machine_notes(gguf_path: Path | None = None) -> dict[str, Any]:
     notes: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "cpu": _cpu_model(),
+        "cpu_class": cpu_class(),
         "num_cpus": os.cpu_count(),
         "threads": THREADS,
         "load_avg_before": os.getloadavg()[0],
@@ -128,6 +131,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     log(f"wrote {path}")
+
+
+def model_tag(model: str) -> str:
+    """A --model name or GGUF path as a file-name part: "qwen2.5-coder-1.5b" stays whole (no
+    `Path.stem`, which would cut ".5b"), "/x/model.gguf" gives "model"."""
+    return Path(model).name.removesuffix(".gguf")
 
 
 def plot_path(json_path: Path) -> Path:

@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.base import check_num_tokens, check_prompt, timed_decode_tok_s
-from engine.models.loader import cpu_flags
+
+# engine.cpu_isa imports no torch: a peer's ready-time probe (benchmarks.ready_probe) stays free
+# of it.
+from engine.cpu_isa import flags as cpu_flags
 
 N_CTX = 8192  # SmolLM2's trained context window
 
