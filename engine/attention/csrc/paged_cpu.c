@@ -352,6 +352,137 @@ static void scale_rows(const Args *a, Work *w, int64_t s, int64_t h, int mode) {
     }
 }
 
+/* Readies a tile whose K rows `tl->k` are set (a zero row at the positions no row reads, on
+ * the SIMD builds): K^T (and V pairs), or the plain C build's fp32 rows. */
+static void prepare_tile(const Args *a, Work *w, Tile *tl, int mode) {
+    int64_t d_len = a->head_dim;
+#if defined(RG_AVX512) || defined(RG_AVX2)
+    if (tl->skip > 0 || tl->n < TILE)
+        for (int j = 0; j < TILE; j++)
+            if (j < tl->skip || j >= tl->n) tl->k[j] = w->zero;
+#if defined(RG_AVX512)
+    pa_build_kt(tl, d_len, mode, w->kt);
+    if (mode == PA_PAIRS) pa_pack_v(tl, d_len, w->vp);
+#else
+    pa_build_kt(tl, d_len, mode == PA_WIDE, w->kt);
+#endif
+#else
+    (void)mode;
+    const void *vraw[TILE];
+    for (int j = tl->skip; j < tl->n; j++) vraw[j] = (const char *)tl->k[j] + tl->v_off;
+    fp32_rows(a, tl->k, tl->skip, tl->n, w->kbuf, w->zero, tl->kf);
+    fp32_rows(a, vraw, tl->skip, tl->n, w->vbuf, w->zero, tl->vf);
+#endif
+}
+
+/* Row t (all the group's heads) of the item over a readied tile: the positions `vis` of
+ * [j0, j1). */
+static void pass_row(const Args *a, Work *w, Tile *tl, int64_t t, int64_t t_len, int j0, int j1,
+                     uint64_t vis, int mode, float *m, float *l, float *acc) {
+    int64_t d_len = a->head_dim, group = a->num_heads / a->num_kv_heads;
+#if RG_VL == 1
+    (void)mode;
+    (void)j0;
+    for (int64_t g = 0; g < group; g++) {
+        int64_t r = g * t_len + t;
+        rg_row_tile(w->qs + r * d_len, 1, tl->kf, tl->vf, tl->n, vis, d_len, m + r, l + r,
+                    acc + r * d_len, 1, w->kbuf + TILE * d_len);
+    }
+    (void)j1;
+#else
+    for (int64_t g0 = 0; g0 < group; g0 += R_MAX) {
+        int nr = (int)(group - g0 < R_MAX ? group - g0 : R_MAX);
+        const float *qs[R_MAX];
+        const uint32_t *qp[R_MAX];
+        uint64_t vr[R_MAX];
+        float *ar[R_MAX], *mr[R_MAX], *lr[R_MAX];
+        for (int i = 0; i < nr; i++) {
+            int64_t r = (g0 + i) * t_len + t;
+            qs[i] = w->qs + r * d_len;
+            qp[i] = w->qp + r * (d_len / 2);
+            vr[i] = vis;
+            ar[i] = acc + r * d_len;
+            mr[i] = m + r;
+            lr[i] = l + r;
+        }
+#if defined(RG_AVX512)
+#define PASS(NR, MODE) pa_pass(tl, NR, qs, qp, vr, j0, j1, ar, mr, lr, d_len, MODE)
+#define PASSES(MODE) \
+    if (nr == 1) PASS(1, MODE); else if (nr == 2) PASS(2, MODE); \
+    else if (nr == 3) PASS(3, MODE); else PASS(4, MODE)
+        if (mode == PA_F32) { PASSES(PA_F32); }
+        else if (mode == PA_WIDE) { PASSES(PA_WIDE); }
+        else { PASSES(PA_PAIRS); }
+#undef PASSES
+#undef PASS
+#else
+        (void)qp;
+#define PASS(NR, W) pa_pass(tl, NR, qs, vr, j0, j1, ar, mr, lr, d_len, W)
+#define PASSES(W) \
+    if (nr == 1) PASS(1, W); else if (nr == 2) PASS(2, W); \
+    else if (nr == 3) PASS(3, W); else PASS(4, W)
+        if (mode == PA_WIDE) { PASSES(1); } else { PASSES(0); }
+#undef PASSES
+#undef PASS
+#endif
+    }
+#endif
+}
+
+/* Whether sequence s's rows carry a tree mask (a draft tree, not a chain). */
+static int is_tree(const Args *a, int64_t s) {
+    if (!a->masks) return 0;
+    for (int64_t r = a->row_starts[s]; r < a->row_starts[s + 1]; r++)
+        if (a->masks[r]) return 1;
+    return 0;
+}
+
+/* Tree row t over the tile [p0, p0 + n) that holds step positions, as a decode of that row
+ * would read it: the prefix's positions where they are, then the step rows the row sees (its
+ * mask's bits, itself the last; a causal row: rows 0..t) packed at the positions after the
+ * prefix, as if the row's ancestors were the context before it. So a tree row gets the bits
+ * of the same token decoded after its accepted ancestors (row_math.h's grid and lane tree
+ * follow positions). `base` holds the tile's K rows by real position. */
+static void tree_row_tile(const Args *a, Work *w, Tile *tl, const void *const *base,
+                          const int64_t *pages, int64_t s, int64_t h, int64_t t, int64_t p0,
+                          int n, int skip, int mode, float *m, float *l, float *acc) {
+    int64_t row0 = a->row_starts[s], t_len = a->row_starts[s + 1] - row0;
+    int64_t prefix = a->context_lens[s] - t_len;
+    uint64_t bits = a->masks[row0 + t];
+    const void *rows[TILE];
+    int seen = 0;
+    for (int j = 0; j < n; j++) {
+        int64_t p = p0 + j;
+        if (p < prefix) { rows[j] = base[j]; continue; }
+        int64_t k = p - prefix; /* the k-th step row this row sees, if any */
+        int64_t i = -1;
+        if (bits) {
+            for (int64_t b = 0, c = 0; b < 64 && b < t_len; b++)
+                if ((bits >> b) & 1) { if (c == k) { i = b; break; } c++; }
+        } else if (k <= t) {
+            i = k;
+        }
+        /* A position the row does not see keeps its own (written, finite) row: its weight
+         * is 0, and the SIMD passes read a row's V at its K row + v_off. */
+        if (i < 0) { rows[j] = base[j]; continue; }
+        tile_rows(a, a->k, pages, h, prefix + i, 1, rows + j);
+        seen = j + 1;
+    }
+    /* The row's virtual position: the last step row it sees. */
+    int j1 = seen, j0 = skip;
+    if (j1 <= j0 && p0 + n > prefix) {
+        /* sees no step row in this tile: the prefix part only */
+        j1 = (int)(prefix - p0 < n ? prefix - p0 : n);
+    }
+    if (j1 <= j0) return;
+    tl->n = n;
+    tl->skip = skip;
+    tl->k = rows;
+    prepare_tile(a, w, tl, mode);
+    uint64_t vis = (j1 >= 64 ? ~0ull : (1ull << j1) - 1) & ~((1ull << j0) - 1);
+    pass_row(a, w, tl, t, t_len, j0, j1, vis, mode, m, l, acc);
+}
+
 /* One work item: query rows r = (g, t) of KV head `h` of sequence `s` over the split
  * [lo, hi). Writes per row its max `m`, sum `l` (0 when it saw nothing) and unnormalised
  * output `acc` (head_dim): row_math.h's split state. */
@@ -360,8 +491,9 @@ static void attend_split(const Args *a, Work *w, int64_t s, int64_t h, int64_t l
     int64_t d_len = a->head_dim, group = a->num_heads / a->num_kv_heads;
     int64_t row0 = a->row_starts[s], t_len = a->row_starts[s + 1] - row0;
     int64_t num_r = group * t_len, first = row_start(a, s, 0);
+    int64_t prefix = a->context_lens[s] - t_len;
     const int64_t *pages = a->pages + a->page_starts[s];
-    int mode = tile_mode(a);
+    int mode = tile_mode(a), tree = is_tree(a, s);
     for (int64_t r = 0; r < num_r; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -384,80 +516,28 @@ static void attend_split(const Args *a, Work *w, int64_t s, int64_t h, int64_t l
     }
     for (; p0 < hi; p0 += TILE, cur ^= 1) {
         int n = (int)(hi - p0 < TILE ? hi - p0 : TILE), skip = (int)(first > p0 ? first - p0 : 0);
-        tl.n = n;
-        tl.skip = skip;
-        tl.k = rows[cur];
         if (p0 + n < hi) {
             int next = (int)(hi - p0 - n < TILE ? hi - p0 - n : TILE);
             tile_rows(a, a->k, pages, h, p0 + n, next, rows[cur ^ 1]);
             prefetch_rows(a, rows[cur ^ 1], next, tl.v_off);
         }
-#if defined(RG_AVX512) || defined(RG_AVX2)
-        if (skip > 0 || n < TILE)
-            for (int j = 0; j < TILE; j++)
-                if (j < skip || j >= n) tl.k[j] = w->zero;
-#if defined(RG_AVX512)
-        pa_build_kt(&tl, d_len, mode, w->kt);
-        if (mode == PA_PAIRS) pa_pack_v(&tl, d_len, w->vp);
-#else
-        pa_build_kt(&tl, d_len, mode == PA_WIDE, w->kt);
-#endif
-#else
-        const void *vraw[TILE];
-        for (int j = skip; j < n; j++) vraw[j] = (const char *)tl.k[j] + tl.v_off;
-        fp32_rows(a, tl.k, skip, n, w->kbuf, w->zero, tl.kf);
-        fp32_rows(a, vraw, skip, n, w->vbuf, w->zero, tl.vf);
-#endif
+        if (tree && p0 + n > prefix) {
+            for (int64_t t = 0; t < t_len; t++)
+                tree_row_tile(a, w, &tl, rows[cur], pages, s, h, t, p0, n, skip, mode, m, l,
+                              acc);
+            continue;
+        }
+        tl.n = n;
+        tl.skip = skip;
+        tl.k = rows[cur];
+        prepare_tile(a, w, &tl, mode);
         for (int64_t t = 0; t < t_len; t++) {
             int j0, j1;
             row_span(a, s, t, p0, n, &j0, &j1);
             if (j1 <= j0) continue;
             uint64_t vis = row_vis(a, s, t, p0, j0, j1);
             if (!vis) continue; /* sees none of the tile: a no-op for the row */
-#if RG_VL == 1
-            for (int64_t g = 0; g < group; g++) {
-                int64_t r = g * t_len + t;
-                rg_row_tile(w->qs + r * d_len, 1, tl.kf, tl.vf, n, vis, d_len, m + r, l + r,
-                            acc + r * d_len, 1, w->kbuf + TILE * d_len);
-            }
-#else
-            for (int64_t g0 = 0; g0 < group; g0 += R_MAX) {
-                int nr = (int)(group - g0 < R_MAX ? group - g0 : R_MAX);
-                const float *qs[R_MAX];
-                const uint32_t *qp[R_MAX];
-                uint64_t vr[R_MAX];
-                float *ar[R_MAX], *mr[R_MAX], *lr[R_MAX];
-                for (int i = 0; i < nr; i++) {
-                    int64_t r = (g0 + i) * t_len + t;
-                    qs[i] = w->qs + r * d_len;
-                    qp[i] = w->qp + r * (d_len / 2);
-                    vr[i] = vis;
-                    ar[i] = acc + r * d_len;
-                    mr[i] = m + r;
-                    lr[i] = l + r;
-                }
-#if defined(RG_AVX512)
-#define PASS(NR, MODE) pa_pass(&tl, NR, qs, qp, vr, j0, j1, ar, mr, lr, d_len, MODE)
-#define PASSES(MODE) \
-    if (nr == 1) PASS(1, MODE); else if (nr == 2) PASS(2, MODE); \
-    else if (nr == 3) PASS(3, MODE); else PASS(4, MODE)
-                if (mode == PA_F32) { PASSES(PA_F32); }
-                else if (mode == PA_WIDE) { PASSES(PA_WIDE); }
-                else { PASSES(PA_PAIRS); }
-#undef PASSES
-#undef PASS
-#else
-                (void)qp;
-#define PASS(NR, W) pa_pass(&tl, NR, qs, vr, j0, j1, ar, mr, lr, d_len, W)
-#define PASSES(W) \
-    if (nr == 1) PASS(1, W); else if (nr == 2) PASS(2, W); \
-    else if (nr == 3) PASS(3, W); else PASS(4, W)
-                if (mode == PA_WIDE) { PASSES(1); } else { PASSES(0); }
-#undef PASSES
-#undef PASS
-#endif
-            }
-#endif
+            pass_row(a, w, &tl, t, t_len, j0, j1, vis, mode, m, l, acc);
         }
     }
 }
