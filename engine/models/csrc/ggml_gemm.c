@@ -574,7 +574,7 @@ static int run(const Args *args, int num_threads) {
                 const int64_t lines = (n1 - n0) * a.row_bytes / 64 + 1;
                 /* spread over the second half of the micro-kernel's block steps: sooner, the
                  * activations streamed meanwhile would evict them */
-                const int64_t steps = gg_block_steps(r1 - r0, a.k) / 2 + 1;
+                const int64_t steps = gg_block_steps(a.type, r1 - r0, a.k) / 2 + 1;
                 ahead.at = a.w + n0 * a.row_bytes;
                 ahead.end = a.w + n1 * a.row_bytes;
                 ahead.lines = (int)((lines + steps - 1) / steps);

@@ -111,7 +111,8 @@ static inline int steps_i16(int type) {
 }
 
 /* Block steps (AHEAD_TICKs) the tiles of `rows` rows take over a panel. */
-static inline int64_t gg_block_steps(int64_t rows, int64_t k) {
+static inline int64_t gg_block_steps(int type, int64_t rows, int64_t k) {
+    (void)type;
     return NT * ((rows + RT2 - 1) / RT2) * (k / 32);
 }
 

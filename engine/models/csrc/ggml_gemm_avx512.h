@@ -8,9 +8,15 @@
  * slot; vcvtdq2ps, vaddps, vpaddd, zeroing and broadcast loads do not. So a block of 32 costs
  * a (row, vector) 8 vpdpbusd and, in that pipe, the product S_b dx_b and the FMA (80% of
  * peak), one FMA more for an offset (Q4_1, Q5_1) or a min (Q4_K, Q5_K: 73%), and Q6_K's two
- * scale products (67%). */
+ * scale products (67%). Zen 4 runs one 512-bit vpdpbusd a cycle, with the same pipe shares
+ * (measured beside a loop of vpdpbusd); there the tiles reach about 95% of those bounds over a
+ * panel that stays in cache (Q4_K 68-70% of the vpdpbusd peak, Q6_K 64-66%), so what is left
+ * is in the per-block float steps the contract fixes, not in the loads or the tiling. */
 
 #define RT 6 /* rows a tile: acc and I (or y) for two vectors a row take 24 of the 32 registers */
+/* Q6_K's tiles: its two halves' sums take 4 registers a row; 4 rows ran 1.05x faster than 6
+ * on Zen 4 (512 rows of ffn_down, 1536 x 8960) and the same at 16 and 64. */
+#define RT_Q6 4
 
 /* Lane o of out[i] = the dword at row o + off + min(i / seg_dw, nseg - 1) * stride
  * + (i % seg_dw) * 4 (seg_dw 4, 8 or 16: one, two or four blocks' words a row): 16 rows of 16
@@ -86,9 +92,25 @@ static inline __attribute__((always_inline)) void store_rows(const Args *a, __m5
     }
 }
 
+/* Asks for the lines of y that store_rows writes at the tile's end (R rows of the panel's
+ * valid lanes), for writing: a large output's rows are far apart (gate_up's 70 KB) and not in
+ * cache, and stores that miss at the end of every tile held the micro-kernel up (measured on
+ * Zen 4, 512 rows of a 17920-wide output: 1.07x faster with the lines asked for at the tile's
+ * start, a tile's block steps ahead of the stores). */
+static inline __attribute__((always_inline)) void prefetch_out(const Args *a, const int R,
+                                                               int lanes, int64_t o0,
+                                                               int64_t r0) {
+    for (int r = 0; r < R; r++) {
+        const float *out = a->y + (r0 + r) * a->ldy + o0;
+        __builtin_prefetch(out, 1, 3);
+        __builtin_prefetch(out + lanes - 1, 1, 3);
+    }
+}
+
 /* Block steps (AHEAD_TICKs) the tiles of `rows` rows take over a panel. */
-static inline int64_t gg_block_steps(int64_t rows, int64_t k) {
-    return (rows + RT - 1) / RT * (k / 32);
+static inline int64_t gg_block_steps(int type, int64_t rows, int64_t k) {
+    const int64_t most = type == Q6_K ? RT_Q6 : RT;
+    return (rows + most - 1) / most * (k / 32);
 }
 
 /* The per-block step of one row and group: y = fmaf((float)I, S * dx, y). */
@@ -106,6 +128,7 @@ static inline __attribute__((always_inline)) void tile_k4(const Args *a, const u
                                                           const int on) {
     const int64_t k = a->k, nb = k / QK_K, nb32 = k / 32;
     AHEAD_START(on);
+    prefetch_out(a, R, lanes, o0, r0);
     const int8_t *x = a->xq + r0 * k;
     const float *dx = a->dx + r0 * nb32, *xs = a->xs + r0 * nb32;
     __m512 y[RT][NT];
@@ -158,13 +181,15 @@ static inline __attribute__((always_inline)) void tile_k4(const Args *a, const u
 }
 
 /* Q6_K: each half of a block (16 k) sums from - 32 S16 (Args.aux), times its int8 scale in
- * int32 (exact); y waits in memory (the registers hold both halves' sums: 4 R of 32). */
+ * int32 (exact); y waits in memory (the registers hold both halves' sums: 4 R of 32; at
+ * R = 4, y in registers ran no faster). */
 static inline __attribute__((always_inline)) void tile_q6(const Args *a, const uint8_t *codes,
                                                           const uint8_t *meta, int lanes,
                                                           int64_t o0, int64_t r0, const int R,
                                                           const int on) {
     const int64_t k = a->k, nb32 = k / 32, ns = k / 16;
     AHEAD_START(on);
+    prefetch_out(a, R, lanes, o0, r0);
     const int8_t *x = a->xq + r0 * k;
     const float *dx = a->dx + r0 * nb32;
     const int32_t *off = a->aux + r0 * ns;
@@ -219,6 +244,7 @@ static inline __attribute__((always_inline)) void tile_32(const Args *a, const u
                                                           const int type, const int on) {
     const int64_t k = a->k, nb = k / 32;
     AHEAD_START(on);
+    prefetch_out(a, R, lanes, o0, r0);
     const int second = type == Q4_1 || type == Q5_1;
     const int8_t *x = a->xq + r0 * k;
     const float *dx = a->dx + r0 * nb, *xs = a->xs + r0 * nb;
@@ -264,15 +290,15 @@ static inline __attribute__((always_inline)) void tile_32(const Args *a, const u
 #define tile_k4_t(a, c, m, lanes, o0, r0, R, type, on) tile_k4(a, c, m, lanes, o0, r0, R, on)
 #define tile_q6_t(a, c, m, lanes, o0, r0, R, type, on) tile_q6(a, c, m, lanes, o0, r0, R, on)
 
-/* One function per type, its tiles specialised by row count, with and without the prefetch
- * ahead (`on`). */
-#define GG_TILES(name, tile, type)                                                          \
+/* One function per type, its tiles specialised by row count (TR at most), with and without the
+ * prefetch ahead (`on`). */
+#define GG_TILES(name, tile, type, TR)                                                          \
     static inline __attribute__((always_inline)) void name##_tiles(                          \
         const Args *a, const uint8_t *c, const uint8_t *m, int lanes, int64_t o0,            \
         int64_t r0, int64_t r1, const int on) {                                              \
         for (int64_t r = r0; r < r1;) {                                                      \
             const int64_t left = r1 - r;                                                     \
-            if (left >= RT) { tile(a, c, m, lanes, o0, r, RT, type, on); r += RT; }          \
+            if (left >= TR) { tile(a, c, m, lanes, o0, r, TR, type, on); r += TR; }          \
             else if (left >= 4) { tile(a, c, m, lanes, o0, r, 4, type, on); r += 4; }        \
             else if (left >= 2) { tile(a, c, m, lanes, o0, r, 2, type, on); r += 2; }        \
             else { tile(a, c, m, lanes, o0, r, 1, type, on); r += 1; }                       \
@@ -284,14 +310,14 @@ static inline __attribute__((always_inline)) void tile_32(const Args *a, const u
         if (on) name##_tiles(a, c, m, lanes, o0, r0, r1, 1);                                 \
         else name##_tiles(a, c, m, lanes, o0, r0, r1, 0);                                    \
     }
-GG_TILES(rows_q4_0, tile_32, Q4_0)
-GG_TILES(rows_q4_1, tile_32, Q4_1)
-GG_TILES(rows_q5_0, tile_32, Q5_0)
-GG_TILES(rows_q5_1, tile_32, Q5_1)
-GG_TILES(rows_q8_0, tile_32, Q8_0)
-GG_TILES(rows_q4_k, tile_k4_t, Q4_K)
-GG_TILES(rows_q5_k, tile_k4_t, Q5_K)
-GG_TILES(rows_q6_k, tile_q6_t, Q6_K)
+GG_TILES(rows_q4_0, tile_32, Q4_0, RT)
+GG_TILES(rows_q4_1, tile_32, Q4_1, RT)
+GG_TILES(rows_q5_0, tile_32, Q5_0, RT)
+GG_TILES(rows_q5_1, tile_32, Q5_1, RT)
+GG_TILES(rows_q8_0, tile_32, Q8_0, RT)
+GG_TILES(rows_q4_k, tile_k4_t, Q4_K, RT)
+GG_TILES(rows_q5_k, tile_k4_t, Q5_K, RT)
+GG_TILES(rows_q6_k, tile_q6_t, Q6_K, RT_Q6)
 
 static void gg_rows(const Args *a, const uint8_t *codes, const uint8_t *meta, int lanes,
                     int64_t o0, int64_t r0, int64_t r1) {

@@ -14,8 +14,8 @@ static void gg_tr16(const Group *g, size_t off, size_t stride, int seg_dw, int n
 }
 
 /* Block steps the rows take over a panel: none here, so nothing is prefetched ahead. */
-static inline int64_t gg_block_steps(int64_t rows, int64_t k) {
-    (void)rows; (void)k;
+static inline int64_t gg_block_steps(int type, int64_t rows, int64_t k) {
+    (void)type; (void)rows; (void)k;
     return 1;
 }
 
