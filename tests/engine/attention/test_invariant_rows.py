@@ -247,3 +247,36 @@ def test_a_tree_rows_bits_do_not_depend_on_its_neighbours(build: str, dtype: tor
     assert_same_bits(beside[1:31], alone, "tree beside others")
     # Its first row sees only the prefix and itself: a decode's bits.
     assert_same_bits(alone[0], layer.decode_kernel([(0, 740, 741)])[0], "the root")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tree_row_has_the_bits_of_its_token_decoded_after_its_ancestors(
+        build: str, dtype: torch.dtype) -> None:
+    """Each row of a 30-row tree (over two tiles and a split's end) equals a decode of the same
+    query after the prefix and its accepted ancestors only, as the engine computes the token
+    once the verify accepts that path (the ancestors' K/V moved to the positions after the
+    prefix): so tree drafting keeps greedy output."""
+    layer = Layer.random((9, 3, 64), dtype, [770], None, True, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    parents = [-1, *(int(torch.randint(0, t, (1,), generator=gen)) for t in range(1, 30))]
+    prefix = 740
+    verified = layer.decode_kernel([(0, prefix, 770)], masks=tree_mask_from_parents(parents))
+    table = layer.tables[0]
+
+    def slot(position: int) -> int:
+        return int(table[position // PAGE_SIZE]) * PAGE_SIZE + position % PAGE_SIZE
+
+    for row in range(30):
+        path = [row]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()  # root ... row
+        k, v, q = layer.k.clone(), layer.v.clone(), layer.q[0].clone()
+        for depth, node in enumerate(path):
+            k[slot(prefix + depth)] = layer.k[slot(prefix + node)]
+            v[slot(prefix + depth)] = layer.v[slot(prefix + node)]
+        end = prefix + len(path)
+        q[end - 1] = layer.q[0][prefix + row]
+        decoded = Layer(k, v, layer.tables, [q], layer.scale, layer.window,
+                        layer.sinks).decode_kernel([(0, end - 1, end)])
+        assert_same_bits(verified[row], decoded[0], f"tree row {row} (depth {len(path) - 1})")
